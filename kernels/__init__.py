@@ -1,0 +1,1 @@
+"""Everything that touches MLX: loading, conversion, sampling, caches, drafters' forwards."""
