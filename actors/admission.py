@@ -1,0 +1,75 @@
+"""Admission: validates and tokenizes requests, enforces the pending limit, hands them on.
+
+Receives Submit (ask: replies Admitted, or raises Rejected with a 4xx) and Ended. Sends Admitted to
+the scheduler. In hyper mode it is the HyperAdmissionGate of spec/hyper.md with a cap of one active.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import assert_never
+
+from runtime.actor import Actor, Rejected
+from runtime.config import AdmissionConfig
+from runtime.messages import Admitted, Ended, SamplingParams, Sample, Submit
+from runtime.text import TextCodec
+
+
+class Admission(Actor):
+    name = "admission"
+
+    def __init__(self, config: AdmissionConfig, codec: TextCodec, context_length: int,
+                 scheduler: Actor, telemetry: Actor):
+        super().__init__(inbox_size=1024)
+        self.config, self.codec, self.context_length = config, codec, context_length
+        self.scheduler, self.telemetry = scheduler, telemetry
+        self.pending: set[str] = set()
+
+    async def handle(self, msg: Submit | Ended) -> Admitted | None:
+        match msg:
+            case Submit():
+                return await self.admit(msg)
+            case Ended():
+                self.pending.discard(msg.request_id)
+            case _:
+                assert_never(msg)
+
+    async def admit(self, msg: Submit) -> Admitted:
+        log = self.log.bind(request_id=msg.request_id)
+        if len(self.pending) >= self.config.max_pending:
+            await self.telemetry.tell(Sample(name="rejected_total", value=1, labels=(("reason", "queue_full"),)))
+            raise Rejected(f"server is at its limit of {self.config.max_pending} pending requests; retry later", 429)
+        prompt_ids = self.tokenize(msg)
+        params = self.fit_to_context(msg.params, len(prompt_ids))
+        admitted = Admitted(request_id=msg.request_id, prompt_ids=tuple(prompt_ids), params=params,
+                            submitted_at=msg.submitted_at or time.monotonic())
+        self.pending.add(msg.request_id)
+        await self.scheduler.tell(admitted)
+        log.info("admitted", prompt_tokens=len(prompt_ids), max_tokens=params.max_tokens,
+                 pending=len(self.pending))
+        return admitted
+
+    def tokenize(self, msg: Submit) -> list[int]:
+        if msg.messages is not None:
+            if not self.codec.has_chat_template:
+                raise Rejected("this model has no chat template: use /v1/completions", 400, "messages")
+            text = self.codec.chat_text(msg.messages)
+        else:
+            text = msg.prompt or ""
+        ids = self.codec.encode(text)
+        if not ids:
+            raise Rejected("the prompt is empty", 400, "prompt")
+        return ids
+
+    def fit_to_context(self, params: SamplingParams, prompt_tokens: int) -> SamplingParams:
+        room = self.context_length - prompt_tokens
+        if room < 1:
+            raise Rejected(f"the prompt has {prompt_tokens} tokens; this model's context is "
+                           f"{self.context_length} tokens", 400, "messages")
+        if params.max_tokens > self.config.max_tokens_limit:
+            raise Rejected(f"max_tokens must be at most {self.config.max_tokens_limit}", 400, "max_tokens")
+        if params.max_tokens <= room:
+            return params
+        import msgspec
+
+        return msgspec.structs.replace(params, max_tokens=room)  # ends with finish_reason "length"

@@ -1,0 +1,74 @@
+"""Model owner: the only actor that calls MLX, every call on one dedicated thread.
+
+Receives Prefill, Decode and Release (each as an ask); replies Prefilled, Decoded, or None.
+Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, assert_never
+
+from runtime.actor import Actor
+from runtime.messages import Decode, Decoded, ModelInfo, Prefill, Prefilled, Release
+
+
+class ModelOwner(Actor):
+    name = "model_owner"
+
+    def __init__(self, model_path: Path, prefill_step: int = 2048):
+        super().__init__(inbox_size=64)
+        self.model_path = model_path
+        self.prefill_step = prefill_step
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
+        self.engine = None
+        self.info: ModelInfo | None = None
+
+    async def on_thread(self, fn, *args) -> Any:
+        """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def setup(self) -> None:
+        started = time.perf_counter()
+        self.info = await self.on_thread(self._load)
+        self.log.info("model_loaded", model=self.info.model_id, blas=self.info.blas,
+                      seconds=round(time.perf_counter() - started, 3))
+
+    def _load(self) -> ModelInfo:
+        from kernels import BLAS
+        from kernels.engine import Engine
+        from kernels.loader import load
+
+        loaded = load(self.model_path)
+        self.engine = Engine(loaded.model, self.prefill_step)
+        return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
+                         context_length=loaded.context_length, vocab_size=loaded.vocab_size,
+                         blas=BLAS, dtype=loaded.dtype)
+
+    async def teardown(self) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+    async def handle(self, msg: Prefill | Decode | Release) -> Any:
+        match msg:
+            case Prefill():
+                return await self.on_thread(self._prefill, msg)
+            case Decode():
+                return await self.on_thread(self._decode, msg)
+            case Release():
+                return await self.on_thread(self.engine.release, msg.seq_id)
+            case _:
+                assert_never(msg)
+
+    def _prefill(self, msg: Prefill) -> Prefilled:
+        started = time.perf_counter()
+        p = msg.params
+        token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, msg.lookahead)
+        return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
+
+    def _decode(self, msg: Decode) -> Decoded:
+        started = time.perf_counter()
+        tokens = self.engine.decode(msg.seq_ids, msg.lookahead)
+        return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started)

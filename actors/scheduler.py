@@ -1,0 +1,151 @@
+"""Scheduler: owns sequences and forms each step from the scheduler mode.
+
+Receives Admitted and Cancel. Sends Prefill / Decode / Release to the model owner, TokensEmitted and
+one terminal event (Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import assert_never
+
+from runtime.actor import Actor
+from runtime.messages import (
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Failed, Finished, Prefill, Release, Sample,
+    TokensEmitted,
+)
+from runtime.modes import SchedulerMode
+from runtime.sequence import Sequence, Status
+from runtime.text import IncrementalText, TextCodec
+
+
+class Scheduler(Actor):
+    name = "scheduler"
+
+    def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
+                 codec: TextCodec):
+        super().__init__(inbox_size=1024)
+        self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
+        self.codec = codec
+        self.waiting: deque[Sequence] = deque()
+        self.active: dict[str, Sequence] = {}
+        self.steps = 0
+
+    # --- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            idle = not self.waiting and not self.active
+            items = [await self.inbox.get()] if idle else []
+            while not self.inbox.empty():
+                items.append(self.inbox.get_nowait())
+            for item in items:
+                if self.is_stop(item):
+                    return
+                await self.dispatch(*item)
+            await self.step()
+
+    async def handle(self, msg: Admitted | Cancel) -> None:
+        match msg:
+            case Admitted():
+                text = IncrementalText(self.codec, msg.params.stop)
+                self.waiting.append(Sequence(msg.request_id, msg.prompt_ids, msg.params, text, msg.submitted_at))
+            case Cancel():
+                await self.cancel(msg.request_id, msg.reason)
+            case _:
+                assert_never(msg)
+
+    async def step(self) -> None:
+        for seq in self.mode.admit(self.waiting, self.active):
+            await self.prefill(seq)
+        batch = self.mode.decode_batch(self.active)
+        if batch:
+            self.steps += 1
+            await self.plain_step(batch)
+
+    def describe(self) -> dict:
+        return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
+                "active": len(self.active)}
+
+    # --- work ------------------------------------------------------------------------------------
+    async def prefill(self, seq: Sequence) -> None:
+        seq.move(Status.PREFILLING)
+        self.active[seq.request_id] = seq
+        log = self.log.bind(request_id=seq.request_id)
+        try:
+            reply = await self.owner.ask(Prefill(seq_id=seq.request_id, prompt_ids=seq.prompt_ids,
+                                                 params=seq.params, lookahead=seq.params.max_tokens > 1))
+        except ActorFailure as e:
+            await self.fail(seq, e)
+            return
+        seq.move(Status.DECODING)
+        log.info("prefilled", prompt_tokens=len(seq.prompt_ids), seconds=round(reply.seconds, 4),
+                 queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
+        await self.telemetry.tell(Sample(name="prefill_seconds", value=reply.seconds, kind="observe"))
+        await self.emit(seq, [reply.token])
+
+    async def plain_step(self, batch: list[Sequence]) -> None:
+        ids = tuple(s.request_id for s in batch)
+        try:
+            reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(s.remaining > 1 for s in batch)))
+        except ActorFailure as e:
+            for seq in batch:
+                await self.fail(seq, e)
+            return
+        for seq, token in zip(batch, reply.tokens):
+            seq.spec.plain_steps += 1
+            seq.spec.plain_seconds += reply.seconds
+            await self.emit(seq, [token])
+        await self.telemetry.tell(Sample(name="step_seconds", value=reply.seconds, kind="observe",
+                                         labels=(("phase", "step_plain"),)))
+
+    async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
+        index = len(seq.output_ids)
+        first = seq.first_token_at is None
+        kept, delta = seq.accept(token_ids, self.codec.eos_ids)
+        if first and kept:
+            self.log.info("first_token", request_id=seq.request_id,
+                          seconds=round(seq.first_token_at - seq.submitted_at, 4))
+        if kept or delta:
+            await self.streamer.tell(TokensEmitted(request_id=seq.request_id, token_ids=tuple(kept),
+                                                   text=delta, index=index))
+        if seq.done:
+            await self.finish(seq)
+
+    # --- endings: exactly one terminal event per request -----------------------------------------
+    async def finish(self, seq: Sequence) -> None:
+        seq.move(Status.FINISHED)
+        await self._leave(seq)
+        self.log.info("finished", request_id=seq.request_id, reason=seq.finish_reason,
+                      completion_tokens=len(seq.output_ids),
+                      seconds=round(time.monotonic() - seq.submitted_at, 4))
+        await self.streamer.tell(Finished(request_id=seq.request_id, finish_reason=seq.finish_reason,
+                                          usage=seq.usage()))
+
+    async def cancel(self, request_id: str, reason: str) -> None:
+        seq = self.active.get(request_id) or next((s for s in self.waiting if s.request_id == request_id), None)
+        if seq is None or seq.status.terminal:
+            return
+        seq.move(Status.CANCELLED)
+        await self._leave(seq)
+        self.log.info("cancelled", request_id=request_id, reason=reason, completion_tokens=len(seq.output_ids))
+        await self.streamer.tell(Cancelled(request_id=request_id, reason=reason, usage=seq.usage()))
+
+    async def fail(self, seq: Sequence, error: ActorFailure) -> None:
+        if seq.status.terminal:
+            return
+        seq.move(Status.FAILED)
+        await self._leave(seq)
+        self.log.error("failed", request_id=seq.request_id, error=str(error))
+        await self.streamer.tell(Failed(request_id=seq.request_id, error=error.message, status=error.status))
+
+    async def _leave(self, seq: Sequence) -> None:
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if self.active.pop(seq.request_id, None) is not None and not self.owner.closing:
+            await self.owner.tell(Release(seq_id=seq.request_id))
+
+    async def teardown(self) -> None:
+        for seq in [*self.waiting, *self.active.values()]:
+            await self.cancel(seq.request_id, "shutdown")

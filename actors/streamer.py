@@ -1,0 +1,56 @@
+"""Streamer: routes each request's events to the client connection that waits for them.
+
+Receives Subscribe (ask: returns the request's event queue), Unsubscribe, TokensEmitted and the
+terminal events. Sends Ended to admission once per request and Samples to telemetry. A request
+ends with exactly one terminal event; a second one is dropped and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import assert_never
+
+from runtime.actor import Actor
+from runtime.messages import (
+    Cancelled, Ended, Failed, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
+)
+
+
+class Streamer(Actor):
+    name = "streamer"
+
+    def __init__(self, admission: Actor | None, telemetry: Actor):
+        super().__init__(inbox_size=4096)
+        self.admission, self.telemetry = admission, telemetry
+        self.subscribers: dict[str, asyncio.Queue] = {}
+        self.ended: set[str] = set()
+
+    async def handle(self, msg) -> asyncio.Queue | None:
+        match msg:
+            case Subscribe():
+                # Unbounded on purpose: a request emits at most max_tokens events.
+                queue = self.subscribers[msg.request_id] = asyncio.Queue()
+                return queue
+            case Unsubscribe():
+                self.subscribers.pop(msg.request_id, None)
+            case TokensEmitted():
+                if (queue := self.subscribers.get(msg.request_id)) is not None:
+                    queue.put_nowait(msg)
+            case Finished() | Cancelled() | Failed():
+                await self.terminal(msg)
+            case _:
+                assert_never(msg)
+
+    async def terminal(self, msg: Finished | Cancelled | Failed) -> None:
+        if msg.request_id in self.ended:
+            self.log.warning("duplicate_terminal", request_id=msg.request_id, event_type=type(msg).__name__)
+            return
+        self.ended.add(msg.request_id)
+        if len(self.ended) > 100_000:  # ids are only kept to catch duplicates; bound the memory
+            self.ended.clear()
+        if (queue := self.subscribers.pop(msg.request_id, None)) is not None:
+            queue.put_nowait(msg)
+        if self.admission is not None:
+            await self.admission.tell(Ended(request_id=msg.request_id))
+        await self.telemetry.tell(Sample(name="requests_total", value=1,
+                                         labels=(("outcome", type(msg).__name__.lower()),)))

@@ -1,0 +1,45 @@
+"""Load a model for serving: an mlx-lm model directory, converted to float32 on CPU backends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.utils import load_model
+
+
+class LoadedModel:
+    def __init__(self, model: nn.Module, path: Path, config: dict):
+        self.model, self.path, self.config = model, path, config
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings") or 4096)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.parameters()["model"]["embed_tokens"]["weight"].dtype).split(".")[-1] \
+            if "model" in self.model.parameters() else "unknown"
+
+
+def load(path: Path | str) -> LoadedModel:
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not an mlx-lm model directory (no config.json)")
+    model, config = load_model(path, lazy=True)
+    if mx.default_device() == mx.cpu and not _is_quantized(config):
+        # float32 is the fastest dtype on the CPU backend (float16 ~3x slower here).
+        model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return LoadedModel(model, path, config if isinstance(config, dict) else json.loads((path / "config.json").read_text()))
+
+
+def _is_quantized(config: dict) -> bool:
+    return "quantization" in config or "quantization_config" in config

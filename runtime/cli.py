@@ -1,0 +1,121 @@
+"""metrale command line: serve, bench NAME, fetch-model."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+from runtime.config import Config, ConfigError, load_config, override, preset
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"metrale: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metrale", description=__doc__)
+    sub = parser.add_subparsers(required=True, dest="command")
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
+    serve.add_argument("--config", help="a TOML file, or a preset name (default, serial, mtp_batch, hyper)")
+    serve.add_argument("--model", help="an mlx-lm model directory (default: SmolLM2-135M-Instruct)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--scheduler-mode", choices=["serial", "mtp_batch", "hyper"])
+    serve.add_argument("--max-active-requests", type=int)
+    serve.add_argument("--batch-wait-ms", type=float)
+    serve.add_argument("--log-format", choices=["json", "console"])
+    serve.add_argument("--cache-dir", help="where converted models live (default ~/.cache/metrale)")
+    serve.set_defaults(func=cmd_serve)
+    fetch = sub.add_parser("fetch-model", help="fetch and convert the default model, print its directory")
+    fetch.add_argument("--cache-dir")
+    fetch.set_defaults(func=cmd_fetch)
+    sub.add_parser("bench", help="run a benchmark: metrale bench NAME --help")
+    return parser
+
+
+def config_from_args(args) -> Config:
+    path = args.config
+    if path and not Path(path).exists():
+        path = preset(path)
+    config = load_config(path)
+    config = override(config, "server", host=args.host, port=args.port, log_format=args.log_format)
+    config = override(config, "model", path=args.model, cache_dir=args.cache_dir)
+    return override(config, "scheduler", mode=args.scheduler_mode,
+                    max_active_requests=args.max_active_requests, batch_wait_ms=args.batch_wait_ms)
+
+
+def resolve_model(config: Config) -> Path:
+    if config.model.path:
+        path = Path(config.model.path).expanduser()
+        if not (path / "config.json").exists():
+            raise ConfigError(f"--model {path}: not an mlx-lm model directory (no config.json)")
+        return path
+    from kernels.default_model import ensure_default_model
+
+    return ensure_default_model(config.model.cache_dir)
+
+
+def cmd_serve(args) -> int:
+    from kernels.blas import select_blas
+
+    select_blas()  # before anything imports mlx
+    config = config_from_args(args)
+    from runtime import tracing
+    from runtime.modes import make_mode
+
+    tracing.configure(config.server.log_format)
+    make_mode(config.scheduler)  # an unavailable mode fails here, before the model is fetched
+    model_dir = resolve_model(config)
+    from runtime.server import serve
+    from runtime.system import System
+
+    asyncio.run(_serve(System, serve, config, model_dir))
+    return 0
+
+
+async def _serve(system_cls, serve, config, model_dir) -> None:
+    await serve(system_cls(config, model_dir), config)
+
+
+def cmd_fetch(args) -> int:
+    from kernels.blas import select_blas
+
+    select_blas()
+    from kernels.default_model import ensure_default_model
+
+    print(ensure_default_model(args.cache_dir))
+    return 0
+
+
+def bench_names() -> list[str]:
+    import runtime.bench as pkg
+
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def bench(argv: list[str]) -> int:
+    names = bench_names()
+    if not argv or argv[0] not in names:
+        print(f"usage: metrale bench NAME [options]; NAME is one of: {', '.join(names)}", file=sys.stderr)
+        return 2
+    from kernels.blas import select_blas
+
+    select_blas()
+    module = importlib.import_module(f"runtime.bench.{argv[0].replace('-', '_')}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

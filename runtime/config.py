@@ -1,0 +1,97 @@
+"""Frozen configuration decoded from configs/*.toml; building one does no I/O beyond reading the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+SchedulerMode = Literal["serial", "mtp_batch", "hyper"]
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1 << 20
+    log_format: Literal["json", "console"] = "json"
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    path: str | None = None  # None: the default model, fetched and converted on first use
+    cache_dir: str | None = None  # None: $METRALE_CACHE or ~/.cache/metrale
+    prefill_step: int = 2048
+
+
+class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_pending: int = 64  # admitted and not yet ended; beyond it a request gets 429
+    max_tokens_limit: int = 4096
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    mode: SchedulerMode = "serial"
+    max_active_requests: int = 1
+    batch_wait_ms: float = 0.0
+
+
+class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    drafter: Literal["mtp", "draft-model", "ngram", "none"] = "none"
+    draft_model: str | None = None
+    num_draft_tokens: int = 4
+    ngram_max: int = 3
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    server: ServerConfig = ServerConfig()
+    model: ModelConfig = ModelConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    spec: SpecConfig = SpecConfig()
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be served; the message names the setting."""
+
+
+def load_config(path: Path | str | None = None) -> Config:
+    path = Path(path) if path else CONFIG_DIR / "default.toml"
+    try:
+        config = msgspec.toml.decode(path.read_bytes(), type=Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return validate(config)
+
+
+def preset(name: str) -> Path:
+    path = CONFIG_DIR / f"{name}.toml"
+    if not path.exists():
+        raise ConfigError(f"no preset {name!r} in {CONFIG_DIR}")
+    return path
+
+
+def override(config: Config, section: str, **changes) -> Config:
+    """A copy of config with some fields of one section replaced (None values are ignored)."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return config
+    part = msgspec.structs.replace(getattr(config, section), **changes)
+    return validate(msgspec.structs.replace(config, **{section: part}))
+
+
+def validate(config: Config) -> Config:
+    sched, adm = config.scheduler, config.admission
+    if sched.max_active_requests < 1:
+        raise ConfigError("--max-active-requests must be at least 1")
+    if sched.batch_wait_ms < 0:
+        raise ConfigError("--batch-wait-ms must not be negative")
+    if sched.mode in ("serial", "hyper") and sched.max_active_requests > 1:
+        raise ConfigError(f"--scheduler-mode {sched.mode} admits one request at a time: "
+                          f"--max-active-requests must be 1, not {sched.max_active_requests}")
+    if adm.max_pending < 1 or adm.max_tokens_limit < 1:
+        raise ConfigError("admission limits must be at least 1")
+    if not 1 <= config.spec.num_draft_tokens <= 16:
+        raise ConfigError("--num-draft-tokens must be in 1..16")
+    if config.spec.drafter == "draft-model" and not config.spec.draft_model:
+        raise ConfigError("--drafter draft-model needs --draft-model PATH")
+    return config

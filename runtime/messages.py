@@ -1,0 +1,185 @@
+"""Typed messages between actors. Commands are imperative, events past tense; all frozen.
+
+msgspec does not check types at construction: wire input is decoded in runtime/protocol.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True):
+    pass
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    disable_mtp: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: str
+    content: str
+
+
+# --- server -> admission -> scheduler ------------------------------------------------------
+
+class Submit(_Msg, frozen=True):
+    request_id: str
+    params: SamplingParams
+    messages: tuple[ChatMessage, ...] | None = None  # chat completions
+    prompt: str | None = None  # text completions
+    submitted_at: float = 0.0
+
+
+class Admitted(_Msg, frozen=True):
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    submitted_at: float
+
+
+class Cancel(_Msg, frozen=True):
+    request_id: str
+    reason: str = "client"
+
+
+class Ended(_Msg, frozen=True):
+    """A request left the system (any terminal event): its admission slot is free."""
+
+    request_id: str
+
+
+# --- scheduler -> streamer -> client ---------------------------------------------------------
+
+class Subscribe(_Msg, frozen=True):
+    request_id: str
+
+
+class Unsubscribe(_Msg, frozen=True):
+    request_id: str
+
+
+class SpecReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What speculation did for one request; zero everywhere when it never ran."""
+
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_position: tuple[int, ...] = ()
+    drafted_by_position: tuple[int, ...] = ()
+    verify_steps: int = 0
+    plain_steps: int = 0
+    verify_seconds: float = 0.0
+    plain_seconds: float = 0.0
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculation: SpecReceipt = SpecReceipt()
+
+
+class TokensEmitted(_Msg, frozen=True):
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    index: int  # position of the first of token_ids in the completion
+
+
+class Finished(_Msg, frozen=True):
+    request_id: str
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class Cancelled(_Msg, frozen=True):
+    request_id: str
+    reason: str
+    usage: Usage
+
+
+class Failed(_Msg, frozen=True):
+    request_id: str
+    error: str
+    status: int = 500
+
+
+TerminalEvent = Finished | Cancelled | Failed
+StreamEvent = TokensEmitted | Finished | Cancelled | Failed
+
+# --- scheduler <-> model owner ----------------------------------------------------------------
+
+class Prefill(_Msg, frozen=True):
+    seq_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    lookahead: bool = True
+
+
+class Decode(_Msg, frozen=True):
+    """One plain step for each sequence; lookahead lets the owner start the next step early."""
+
+    seq_ids: tuple[str, ...]
+    lookahead: tuple[bool, ...]
+
+
+class Release(_Msg, frozen=True):
+    seq_id: str
+
+
+class Prefilled(_Msg, frozen=True):
+    seq_id: str
+    token: int
+    seconds: float
+
+
+class Decoded(_Msg, frozen=True):
+    tokens: tuple[int, ...]
+    seconds: float
+
+
+class ModelInfo(_Msg, frozen=True):
+    model_id: str
+    path: str
+    context_length: int
+    vocab_size: int
+    blas: str
+    dtype: str
+
+
+OwnerCommand = Prefill | Decode | Release
+
+# --- every actor -> telemetry -------------------------------------------------------------------
+
+class Sample(_Msg, frozen=True):
+    """One measurement: a counter increment or an observed value."""
+
+    name: str
+    value: float
+    kind: Literal["counter", "observe", "gauge"] = "counter"
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+class Snapshot(_Msg, frozen=True):
+    format: Literal["dict", "prometheus"] = "dict"
+
+
+class ActorFailure(Exception):
+    """A request-reply that failed inside an actor, handed back to the sender."""
+
+    def __init__(self, actor: str, message: str, status: int = 500):
+        super().__init__(f"{actor}: {message}")
+        self.actor, self.message, self.status = actor, message, status

@@ -1,0 +1,111 @@
+"""A request inside the scheduler: its status (with the transitions it may take) and its tokens."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from runtime.messages import FinishReason, SamplingParams, SpecReceipt, Usage
+from runtime.text import IncrementalText
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Status.FINISHED, Status.CANCELLED, Status.FAILED)
+
+
+_ENDINGS = {Status.FINISHED, Status.CANCELLED, Status.FAILED}
+TRANSITIONS: dict[Status, set[Status]] = {
+    Status.WAITING: {Status.PREFILLING} | _ENDINGS - {Status.FINISHED},
+    Status.PREFILLING: {Status.DECODING} | _ENDINGS,
+    Status.DECODING: _ENDINGS,
+    Status.FINISHED: set(),
+    Status.CANCELLED: set(),
+    Status.FAILED: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class SpecCounters:
+    """Mutable tallies behind the SpecReceipt a request ends with."""
+
+    drafted: list[int] = field(default_factory=list)  # by draft position
+    accepted: list[int] = field(default_factory=list)
+    verify_steps: int = 0
+    plain_steps: int = 0
+    verify_seconds: float = 0.0
+    plain_seconds: float = 0.0
+
+    def receipt(self) -> SpecReceipt:
+        return SpecReceipt(
+            drafted_tokens=sum(self.drafted), accepted_tokens=sum(self.accepted),
+            drafted_by_position=tuple(self.drafted), accepted_by_position=tuple(self.accepted),
+            verify_steps=self.verify_steps, plain_steps=self.plain_steps,
+            verify_seconds=round(self.verify_seconds, 6), plain_seconds=round(self.plain_seconds, 6),
+        )
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    text: IncrementalText
+    submitted_at: float
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    spec: SpecCounters = field(default_factory=SpecCounters)
+    finish_reason: FinishReason | None = None
+    first_token_at: float | None = None
+
+    def move(self, to: Status) -> None:
+        if to not in TRANSITIONS[self.status]:
+            raise IllegalTransition(f"{self.request_id}: {self.status.value} -> {to.value}")
+        self.status = to
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output_ids)
+
+    def accept(self, token_ids, eos_ids) -> tuple[list[int], str]:
+        """Append emitted tokens up to the first ending; returns the kept ids and their text."""
+        kept = []
+        for token in token_ids:
+            if token in eos_ids:
+                self.finish_reason = "stop"
+                break
+            kept.append(token)
+            self.output_ids.append(token)
+            if self.remaining <= 0:
+                self.finish_reason = "length"
+                break
+        if self.first_token_at is None and kept:
+            self.first_token_at = time.monotonic()
+        delta = self.text.add(kept)
+        if self.text.stopped:
+            self.finish_reason = "stop"
+        elif self.finish_reason is not None:
+            delta += self.text.flush()
+        return kept, delta
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def usage(self) -> Usage:
+        prompt, completion = len(self.prompt_ids), len(self.output_ids)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion, speculation=self.spec.receipt())

@@ -1,0 +1,87 @@
+"""The HTTP server: routes, health and metrics, start-up and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import msgspec
+from aiohttp import web
+
+from runtime.config import Config
+from runtime.messages import Snapshot
+from runtime.openai_api import chat_completions, completions, error_response
+from runtime.system import System
+from runtime.ws import websocket
+
+
+def build_app(system: System, config: Config) -> web.Application:
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors])
+    app["system"], app["config"] = system, config
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/ws", websocket)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler):
+    """aiohttp's own errors (404, 405, 413) as OpenAI-style JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.reason, e.status)
+
+
+async def models(request: web.Request) -> web.Response:
+    info = request.app["system"].info
+    body = {"object": "list", "data": [{"id": info.model_id, "object": "model", "owned_by": "metrale",
+                                        "created": 0, "context_length": info.context_length}]}
+    return web.json_response(body)
+
+
+async def health(request: web.Request) -> web.Response:
+    system: System = request.app["system"]
+    info = system.info
+    body = {
+        "status": "degraded" if system.failure else "ok",
+        "failure": system.failure,
+        "model": info.model_id, "model_path": info.path, "dtype": info.dtype,
+        "context_length": info.context_length, "blas": info.blas,
+        "mode": system.config.scheduler.mode,
+        "uptime_s": round(time.monotonic() - system.started_at, 3),
+        "scheduler": system.scheduler.describe(),
+        "telemetry": await system.telemetry.ask(Snapshot()),
+    }
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = await request.app["system"].telemetry.ask(Snapshot(format="prometheus"))
+    return web.Response(text=text, content_type="text/plain")
+
+
+async def serve(system: System, config: Config, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM; in-flight requests get their terminal events, then exit."""
+    await system.start()
+    runner = web.AppRunner(build_app(system, config), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port)
+    await site.start()
+    system.log.info("listening", host=config.server.host, port=config.server.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    system.log.info("shutting_down")
+    await system.stop()  # cancels in-flight requests first: their clients get a terminal event
+    await runner.cleanup()

@@ -1,0 +1,87 @@
+"""The actor system: builds the actors from the config, starts them in order, supervises, stops.
+
+If an actor's loop dies, the failure is reported and every in-flight request fails with an error,
+so no client hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import structlog
+
+from actors.admission import Admission
+from actors.model_owner import ModelOwner
+from actors.scheduler import Scheduler
+from actors.streamer import Streamer
+from actors.telemetry import Telemetry
+from runtime.actor import Actor
+from runtime.config import Config
+from runtime.messages import ActorFailure, ModelInfo
+from runtime.modes import make_mode
+from runtime.text import TextCodec
+
+
+class System:
+    def __init__(self, config: Config, model_dir: Path, owner: Actor | None = None):
+        self.config, self.model_dir = config, model_dir
+        self.log = structlog.get_logger().bind(actor="system")
+        self.codec = TextCodec(model_dir)
+        self.telemetry = Telemetry()
+        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step)
+        self.streamer = Streamer(None, self.telemetry)
+        self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
+                                   self.telemetry, self.codec)
+        self.admission: Admission | None = None
+        self.started_at = time.monotonic()
+        self.failure: str | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.owner.info
+
+    def order(self) -> list[Actor]:
+        return [self.telemetry, self.owner, self.streamer, self.scheduler, self.admission]
+
+    async def start(self) -> None:
+        for actor in self.order()[:2]:
+            actor.start()
+            await actor.started()
+        # Admission needs the model's context length, known once the owner has loaded it.
+        self.admission = Admission(self.config.admission, self.codec, self.info.context_length,
+                                   self.scheduler, self.telemetry)
+        self.streamer.admission = self.admission
+        for actor in self.order()[2:]:
+            actor.start()
+            await actor.started()
+        for actor in self.order():
+            actor._task.add_done_callback(self._watch)
+        self.log.info("system_started", model=self.info.model_id, mode=self.config.scheduler.mode,
+                      blas=self.info.blas)
+
+    def _watch(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self.failure is not None:
+            return
+        error = task.exception()
+        crashed = error is not None or not self._stopping
+        if crashed:
+            self.failure = f"{task.get_name()} stopped: {error!r}"
+            self.log.error("actor_crashed", crashed_actor=task.get_name(), error=repr(error))
+            asyncio.get_running_loop().create_task(self._fail_in_flight())
+
+    async def _fail_in_flight(self) -> None:
+        failure = ActorFailure("system", self.failure or "actor failure", 503)
+        for seq in [*self.scheduler.waiting, *self.scheduler.active.values()]:
+            await self.scheduler.fail(seq, failure)
+
+    _stopping = False
+
+    async def stop(self) -> None:
+        """Cancel in-flight requests (each gets its terminal event), then stop in reverse order."""
+        self._stopping = True
+        for actor in reversed(self.order()):
+            if actor is not None:
+                await actor.close()
+        self.log.info("system_stopped")
