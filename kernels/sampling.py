@@ -1,0 +1,60 @@
+"""Token distributions and draws: temperature, top-p nucleus, categorical sampling, greedy.
+
+Rows are the last axis, so every function works on one row [V] and on many rows [R, V] (or any
+leading shape). The same `probs_from_logits` is applied to the target's logits (p) and to a
+drafter's logits (q), so speculative acceptance compares distributions shaped the same way.
+Results stay lazy `mx.array`s; callers decide when to evaluate and convert to Python.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+def probs_from_logits(logits: mx.array, temperature: float, top_p: float = 1.0) -> mx.array:
+    """Softmax at `temperature`, restricted to the top-p nucleus and renormalised.
+
+    temperature <= 0 means greedy: a one-hot row at the argmax (the distribution greedy decoding
+    samples from), so acceptance maths has one code path for every temperature.
+    """
+    logits = logits.astype(mx.float32)
+    if temperature <= 0:
+        return _one_hot_argmax(logits)
+    probs = mx.softmax(logits / temperature, axis=-1)
+    if top_p < 1.0:
+        probs = _nucleus(probs, top_p)
+    return probs
+
+
+def _one_hot_argmax(logits: mx.array) -> mx.array:
+    top = mx.argmax(logits, axis=-1, keepdims=True)
+    return (mx.arange(logits.shape[-1]) == top).astype(mx.float32)
+
+
+def _nucleus(probs: mx.array, top_p: float) -> mx.array:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, then renormalise."""
+    descending = -mx.sort(-probs, axis=-1)
+    mass_before = mx.cumsum(descending, axis=-1) - descending
+    # A token is in the nucleus if the mass strictly above it is still short of top_p; the most
+    # likely token always is. Ties with the smallest kept probability are all kept.
+    kept = mass_before < top_p
+    smallest_kept = mx.min(mx.where(kept, descending, mx.inf), axis=-1, keepdims=True)
+    masked = mx.where(probs >= smallest_kept, probs, 0.0)
+    return masked / mx.sum(masked, axis=-1, keepdims=True)
+
+
+def sample(probs: mx.array, key: mx.array | None = None) -> mx.array:
+    """One token id per row drawn from `probs` (int32, shape = probs.shape[:-1]); lazy."""
+    # log(0) = -inf gives masked tokens exactly zero chance.
+    return mx.random.categorical(mx.log(probs), axis=-1, key=key).astype(mx.int32)
+
+
+def greedy(logits: mx.array) -> mx.array:
+    """The argmax token id per row (int32, shape = logits.shape[:-1]); lazy."""
+    return mx.argmax(logits, axis=-1).astype(mx.int32)
+
+
+def top1_logprob(logits: mx.array) -> mx.array:
+    """Log-probability of the most likely token per row at temperature 1: a drafter's confidence."""
+    logits = logits.astype(mx.float32)
+    return mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1)
