@@ -1,0 +1,309 @@
+"""A DeepSeek-V3-style multi-token prediction (MTP) head, chained to depth K, with its own KV cache.
+
+One step of the head at sequence position j, fed the pair (h_j, t_{j+1}):
+    x    = fc(concat(pre_fc_norm_embedding(embed(t_{j+1})), pre_fc_norm_hidden(h_j)))
+    h'_j = norm(block(x))          # one transformer block, causal over the head's own KV cache
+    logits = lm_head(h'_j)         # a guess at t_{j+2}
+`embed` and `lm_head` are the target's own modules, passed in, never copied; so is the final norm
+unless the head carries its own (`own_norm`, as Qwen3-Next / Qwen3.5 checkpoints do). The
+concatenation puts the embedding first, as DeepSeek-V3 (eh_proj) and Qwen (mtp.fc) do, so their
+projection weights load unchanged. h_j is the target's last hidden state after its final norm,
+which is what an mlx-lm `model.model(...)` returns; the head's own output h'_j follows the same
+convention, so depth d+1 feeds (h'_j, its own draft) at position j+1, like a decode step.
+
+Cache discipline: the cache holds one entry per exact pair (target hidden, emitted token) fed so
+far. `draft` feeds the new exact pairs, drafts K tokens, then trims its K-1 speculative entries
+itself, so a rejected draft leaves nothing behind. When the target's history is cut back, trim
+the head's cache by the same count (`mlx_lm.models.cache.trim_prompt_cache`).
+
+Weights on disk: `mtp_head.safetensors` (parameters) and `mtp_head.json` (the MTPConfig fields)
+side by side. `load_qwen_mtp_head` reads the `mtp.*` tensors of a raw Hugging Face Qwen3.5
+checkpoint instead (mlx-lm drops them when it loads the model).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache
+
+from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
+
+HEAD_WEIGHTS = "mtp_head.safetensors"
+HEAD_CONFIG = "mtp_head.json"
+
+Module = Callable[[mx.array], mx.array]
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    head_dim: int | None = None  # default hidden_size // num_attention_heads
+    rope_dims: int | None = None  # partial rotary (Qwen: head_dim / 4); default all of head_dim
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen)
+    gated_attention: bool = False  # q_proj also yields a sigmoid gate on the output (Qwen)
+    own_norm: bool = False  # the head has its own final norm instead of the target's
+    num_layers: int = 1  # 1 = one block shared by every depth
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+class MTPDraft(NamedTuple):
+    ids: list[int]  # K drafted token ids
+    logprobs: list[float]  # top-1 log-probability at each depth (temperature 1): confidence
+    probs: mx.array | None  # q [K, V] the ids were sampled from; None when drafting greedily
+
+
+class MTPAttention(nn.Module):
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        head, width = cfg.head_size, cfg.num_attention_heads * cfg.head_size
+        self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.gated, self.scale = cfg.gated_attention, head**-0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, width * (2 if self.gated else 1), bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * head, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * head, bias=False)
+        self.o_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(head, eps=cfg.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(head, eps=cfg.rms_norm_eps)
+        self.rope = nn.RoPE(cfg.rope_dims or head, traditional=False, base=cfg.rope_theta)
+
+    def __call__(self, x: mx.array, mask, cache: KVCache) -> mx.array:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, self.n_heads, -1)
+        if self.gated:
+            q, gate = mx.split(q, 2, axis=-1)
+        k = self.k_proj(x).reshape(batch, length, self.n_kv_heads, -1)
+        v = self.v_proj(x).reshape(batch, length, self.n_kv_heads, -1)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+        q, k = self.rope(q, offset=cache.offset), self.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
+        out = out.transpose(0, 2, 1, 3).reshape(batch, length, -1)
+        if self.gated:
+            out = out * mx.sigmoid(gate.reshape(batch, length, -1))
+        return self.o_proj(out)
+
+
+class MTPMLP(nn.Module):
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MTPBlock(nn.Module):
+    """A pre-norm transformer block; parameter names match mlx-lm's llama TransformerBlock."""
+
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = MTPAttention(cfg)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = MTPMLP(cfg)
+
+    def __call__(self, x: mx.array, mask, cache: KVCache) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MTPHead(nn.Module):
+    def __init__(self, config: MTPConfig):
+        super().__init__()
+        if config.num_layers != 1:
+            # Per-depth modules would each need a cache lagging the exact prefix by their depth;
+            # no checkpoint we load ships more than one (Qwen3.5 and DeepSeek-V3 ship one).
+            raise NotImplementedError("only depth-shared MTP heads (num_layers=1) are supported")
+        self.config = config
+        dim, eps = config.hidden_size, config.rms_norm_eps
+        self.pre_fc_norm_embedding = nn.RMSNorm(dim, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(dim, eps=eps)
+        self.fc = nn.Linear(2 * dim, dim, bias=False)
+        self.layers = [MTPBlock(config) for _ in range(config.num_layers)]
+        if config.own_norm:
+            self.norm = nn.RMSNorm(dim, eps=eps)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def forward(
+        self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache
+    ) -> mx.array:
+        """Pairs (h_j, t_{j+1}) -> the head's normed outputs; hidden [1, L, d], tokens [1, L]."""
+        embedded = self.pre_fc_norm_embedding(embed(tokens))
+        x = self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
+        x = self.layers[0](x, create_attention_mask(x, cache[0]), cache[0])
+        return self.norm(x) if "norm" in self else final_norm(x)
+
+    def absorb(self, hidden, next_tokens, embed: Module, final_norm: Module, cache) -> None:
+        """Feed exact pairs without drafting (after plain decode steps): keeps the cache in step."""
+        tokens = _token_rows(next_tokens)
+        if tokens.size:
+            self.forward(_rows(hidden), tokens, embed, final_norm, cache)
+            mx.eval([(c.keys, c.values) for c in cache])
+
+    def draft(
+        self,
+        hidden: mx.array,
+        next_tokens: int | Sequence[int] | mx.array,
+        k: int,
+        embed: Module,
+        final_norm: Module,
+        lm_head: Module,
+        cache,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        key: mx.array | None = None,
+    ) -> MTPDraft:
+        """Feed the new exact pairs (hidden [L, d] or [d], next_tokens [L]), then draft k tokens.
+
+        Greedy (argmax) at temperature 0; otherwise each depth samples from
+        q = probs_from_logits(logits, temperature, top_p), returned for rejection sampling.
+        """
+        tokens = _token_rows(next_tokens)
+        if k < 1 or tokens.size < 1:
+            raise ValueError(f"draft needs k >= 1 and a new pair, got k={k}, {tokens.size} pairs")
+        h = self.forward(_rows(hidden), tokens, embed, final_norm, cache)
+        h = h[:, -1:, :]
+        keys = list(mx.random.split(key, k)) if key is not None else [None] * k
+        ids, logprobs, probs = [], [], []
+        for depth in range(k):
+            logits = lm_head(h)[0, 0]
+            logprobs.append(top1_logprob(logits))
+            if temperature > 0:
+                probs.append(probs_from_logits(logits, temperature, top_p))
+                ids.append(sample(probs[-1], keys[depth]))
+            else:
+                ids.append(greedy(logits))
+            if depth + 1 < k:
+                h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache)
+        # Drop the k-1 speculative positions now: only exact pairs ever stay in the cache.
+        for layer_cache in cache:
+            layer_cache.trim(k - 1)
+        q = mx.stack(probs) if probs else None
+        ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
+        mx.eval(ids_array, logprob_array, *([q] if q is not None else []))
+        return MTPDraft(ids_array.tolist(), logprob_array.tolist(), q)
+
+
+def _rows(hidden: mx.array) -> mx.array:
+    return hidden.reshape(1, -1, hidden.shape[-1])
+
+
+def _token_rows(tokens: int | Sequence[int] | mx.array) -> mx.array:
+    if isinstance(tokens, int):
+        tokens = [tokens]
+    array = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens))
+    return array.astype(mx.int32).reshape(1, -1)
+
+
+def save_mtp_head(head: MTPHead, directory: str | Path) -> Path:
+    """Write `mtp_head.safetensors` and `mtp_head.json` into directory; returns the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(directory / HEAD_WEIGHTS), dict(tree_flatten(head.parameters())))
+    (directory / HEAD_CONFIG).write_text(json.dumps(asdict(head.config), indent=2) + "\n")
+    return directory
+
+
+def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
+    """Load a head from a directory holding both files, or from its .safetensors path
+    (the JSON then sits beside it with the same stem)."""
+    path = Path(path)
+    weights_path = path / HEAD_WEIGHTS if path.is_dir() else path
+    config_path = path / HEAD_CONFIG if path.is_dir() else path.with_suffix(".json")
+    config = MTPConfig(**json.loads(config_path.read_text()))
+    return _build_head(config, mx.load(str(weights_path)), dtype)
+
+
+def _build_head(config: MTPConfig, weights: Mapping[str, mx.array], dtype: mx.Dtype) -> MTPHead:
+    head = MTPHead(config)
+    # strict: a missing, extra or misshapen tensor is an error, not a silently random head.
+    head.load_weights([(name, value.astype(dtype)) for name, value in weights.items()])
+    mx.eval(head.parameters())
+    head.eval()
+    return head
+
+
+# --- Qwen3.5 (and dense Qwen3-Next-style) checkpoints: the `mtp.` tensors -------------------
+
+_DENSE_MLP = tuple(f"mlp.{name}.weight" for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def qwen_mtp_config(hf_config: Mapping) -> MTPConfig:
+    """The MTPConfig of a Qwen3.5 / Qwen3-Next config.json (top level or its text_config)."""
+    text = hf_config.get("text_config", hf_config)
+    rope = text.get("rope_parameters") or {}
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    partial = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    return MTPConfig(
+        hidden_size=text["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=text.get("num_key_value_heads", heads),
+        intermediate_size=text["intermediate_size"],
+        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+        rope_theta=text.get("rope_theta", rope.get("rope_theta", 10000.0)),
+        head_dim=head_dim,
+        rope_dims=int(head_dim * partial),
+        qk_norm=True,
+        gated_attention=True,
+        own_norm=True,
+        num_layers=text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 1)),
+    )
+
+
+def map_qwen_mtp_weights(checkpoint: Mapping[str, mx.array]) -> dict[str, mx.array]:
+    """`mtp.*` checkpoint tensors -> MTPHead parameter names (other tensors are ignored)."""
+    mapped = {}
+    for name, value in checkpoint.items():
+        if not name.startswith("mtp."):
+            continue
+        local = name[len("mtp.") :]
+        if ".mlp." in local and not local.endswith(_DENSE_MLP):
+            raise ValueError(f"mixture-of-experts MTP layers are not supported ({name})")
+        if local.endswith("norm.weight") and value.ndim == 1:
+            value = value + 1.0  # Qwen stores zero-centred RMSNorm weights: scale is 1 + w
+        mapped[local] = value
+    if not mapped:
+        raise ValueError("the checkpoint has no 'mtp.' tensors")
+    return mapped
+
+
+def load_qwen_mtp_head(model_dir: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
+    """The MTP head of a raw Hugging Face Qwen3.5 checkpoint directory."""
+    model_dir = Path(model_dir)
+    config = qwen_mtp_config(json.loads((model_dir / "config.json").read_text()))
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted({file for name, file in weight_map.items() if name.startswith("mtp.")})
+    else:
+        shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    checkpoint = {}
+    for shard in shards:
+        checkpoint.update(mx.load(str(model_dir / shard)))
+    return _build_head(config, map_qwen_mtp_weights(checkpoint), dtype)
