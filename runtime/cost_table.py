@@ -130,8 +130,8 @@ def make_table(
 
 def cost_at_depth(depths: Sequence[int], row: Sequence[Cost], depth: float) -> Cost:
     """One width's row of cells, interpolated at a (possibly fractional) depth."""
-    ms = _interp_rising(depths, [c.ms for c in row], depth)
-    joules = _interp_rising(depths, [c.joules for c in row], depth)
+    ms = interpolate(depths, [c.ms for c in row], depth)
+    joules = interpolate(depths, [c.joules for c in row], depth)
     return Cost(ms=ms, joules=joules)
 
 
@@ -139,8 +139,8 @@ def _width_row(widths: Sequence[int], grid, n: int) -> tuple[Cost, ...]:
     columns = zip(*grid)  # one column per depth, one cell per width
     return tuple(
         Cost(
-            ms=_interp_rising(widths, [c.ms for c in col], n),
-            joules=_interp_rising(widths, [c.joules for c in col], n),
+            ms=interpolate(widths, [c.ms for c in col], n),
+            joules=interpolate(widths, [c.joules for c in col], n),
         )
         for col in columns
     )
@@ -157,8 +157,9 @@ def _interp_clamped(xs: Sequence[float], ys: Sequence[float], x: float) -> float
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def _interp_rising(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Like _interp_clamped, but past the last knot follow the last slope, never below ys[-1]."""
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Cost at x from measured (xs, ys): piecewise linear, flat before xs[0], and past xs[-1]
+    rising along the last slope (never falling below ys[-1])."""
     if x > xs[-1] and len(xs) >= 2:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return ys[-1] + max(0.0, slope) * (x - xs[-1])
@@ -232,7 +233,7 @@ def load_table(
 
 
 def save_table(table: CostTable, path: Path | str) -> None:
-    """Write atomically (a temporary file renamed into place), so an interrupt leaves no half table."""
+    """Write atomically (a temporary file renamed into place): an interrupt leaves no half table."""
     validate_table(table)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

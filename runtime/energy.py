@@ -5,9 +5,9 @@ Sources, best first:
   in microjoules. A counter wraps to 0 past max_energy_range_uj, so a reading that went down adds
   the range: delta = (now - before) mod range. Two wraps between reads cannot be told from one, so
   read at least every few minutes (the range is ~262 kJ: over an hour at 70 W). Often root-only.
-- "cpu_proxy": where no counter is readable (these CI machines have none): the process's CPU-seconds
-  (all threads, BLAS included) times a configured watts-per-core. It leaves out idle, uncore and DRAM
-  power, so it ranks work by CPU time rather than measuring the wall socket; tables say so.
+- "cpu_proxy": where no counter is readable (these CI machines have none): the process's
+  CPU-seconds (all threads, BLAS included) times a configured watts-per-core. It leaves out idle,
+  uncore and DRAM power: it ranks work by CPU time rather than metering the socket; tables say so.
 
 powermetrics / IOReport (macOS) are not read here yet; on macOS the proxy is used.
 """

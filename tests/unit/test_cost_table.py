@@ -1,4 +1,4 @@
-"""The calibration table: its checks, its interpolation, and the refusal of another model or machine."""
+"""The calibration table: its checks, its interpolation, its refusal of another model or machine."""
 
 from __future__ import annotations
 

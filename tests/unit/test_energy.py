@@ -1,4 +1,4 @@
-"""Energy meters: RAPL counters (with wrap-around) where readable, the CPU-seconds proxy elsewhere."""
+"""Energy meters: RAPL counters (with wrap-around) where readable, else the CPU-seconds proxy."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def test_rapl_unwraps_a_counter_that_passed_its_range(tmp_path):
 
 @settings(max_examples=100, deadline=None)
 @given(start=st.integers(0, 999), steps=st.lists(st.integers(0, 999), max_size=20))
-def test_rapl_total_is_the_sum_of_true_increments_whatever_the_wraps(tmp_path_factory, start, steps):
+def test_rapl_total_is_the_sum_of_true_increments_whatever_the_wraps(
+    tmp_path_factory, start, steps
+):
     zone = fake_zone(tmp_path_factory.mktemp("powercap"), "intel-rapl:0", start, range_uj=1000)
     meter = RaplMeter([zone])
     counter = start
