@@ -21,6 +21,7 @@ class SeqState:
     temperature: float
     top_p: float
     key: mx.array | None
+    last: mx.array | None = None  # the last emitted token, input of the next step
     pending: mx.array | None = None  # the next token, already computing (lookahead)
     length: int = 0  # tokens in the KV cache
     extra: dict = field(default_factory=dict)
@@ -54,7 +55,7 @@ class Engine:
             state = self.seqs[seq_id]
             y, state.pending = state.pending, None
             if y is None:
-                raise RuntimeError(f"{seq_id}: decode without a pending token")
+                y = self._step(state, state.last)
             out.append(self._emit(state, y, ahead))
         return out
 
@@ -63,11 +64,10 @@ class Engine:
 
     def _emit(self, state: SeqState, y: mx.array, lookahead: bool) -> int:
         # Build and start the next step before reading this token, so the graph build overlaps compute.
+        state.last = y
         if lookahead:
             state.pending = self._step(state, y)
             mx.async_eval(state.pending)
-        else:
-            state.pending = None
         return y.item()
 
     def _step(self, state: SeqState, tokens: mx.array) -> mx.array:

@@ -94,6 +94,7 @@ class Actor:
         try:
             result = await self.handle(msg)
         except asyncio.CancelledError:
+            self._reply_error(reply, ActorFailure(self.name, "actor stopped mid-request", 503))
             raise
         except Rejected as e:
             self._reply_error(reply, e)

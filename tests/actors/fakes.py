@@ -1,0 +1,91 @@
+"""Fake peers for actor tests: a scripted model owner, a character codec, an event collector."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime.actor import Actor
+from runtime.messages import Decode, Decoded, Prefill, Prefilled, Release
+
+EOS = 0
+
+
+class CharCodec:
+    """Token i decodes to one letter; token 0 is EOS."""
+
+    eos_ids = frozenset({EOS})
+    think_ids = None
+    has_chat_template = True
+
+    def decode(self, ids) -> str:
+        return "".join(chr(ord("a") + (i - 1) % 26) for i in ids)
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) - ord("a") + 1 for c in text if c.isalpha()]
+
+    def chat_text(self, messages) -> str:
+        return "".join(m.content for m in messages)
+
+
+class ScriptedOwner(Actor):
+    """Emits script[seq_id] one token per step (default 1, 2, 3, ...); can be told to fail."""
+
+    name = "model_owner"
+
+    def __init__(self, scripts: dict[str, list[int]] | None = None, fail_on: set[str] = frozenset(),
+                 step_delay: float = 0.0):
+        super().__init__()
+        self.scripts, self.fail_on, self.step_delay = scripts or {}, set(fail_on), step_delay
+        self.positions: dict[str, int] = {}
+        self.released: list[str] = []
+        self.info = None
+
+    def _next(self, seq_id: str) -> int:
+        if seq_id in self.fail_on:
+            raise RuntimeError(f"scripted failure for {seq_id}")
+        i = self.positions.get(seq_id, 0)
+        self.positions[seq_id] = i + 1
+        script = self.scripts.get(seq_id)
+        return script[i] if script is not None and i < len(script) else 1 + i % 20
+
+    async def handle(self, msg):
+        if self.step_delay:
+            await asyncio.sleep(self.step_delay)
+        match msg:
+            case Prefill():
+                return Prefilled(seq_id=msg.seq_id, token=self._next(msg.seq_id), seconds=0.0)
+            case Decode():
+                return Decoded(tokens=tuple(self._next(s) for s in msg.seq_ids), seconds=0.001)
+            case Release():
+                self.released.append(msg.seq_id)
+
+
+class Collector(Actor):
+    """Stands in for the streamer: records every event it is told."""
+
+    name = "streamer"
+
+    def __init__(self):
+        super().__init__()
+        self.events: list = []
+        self.terminal = asyncio.Event()
+
+    async def handle(self, msg):
+        self.events.append(msg)
+        if type(msg).__name__ in ("Finished", "Cancelled", "Failed"):
+            self.terminal.set()
+
+    def of(self, request_id: str) -> list:
+        return [e for e in self.events if getattr(e, "request_id", None) == request_id]
+
+    def terminals(self) -> list:
+        return [e for e in self.events if type(e).__name__ in ("Finished", "Cancelled", "Failed")]
+
+
+class Sink(Actor):
+    """Accepts anything (telemetry stand-in)."""
+
+    name = "telemetry"
+
+    async def handle(self, msg):
+        return None

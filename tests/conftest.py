@@ -1,0 +1,3 @@
+"""Shared test set-up: the BLAS is chosen before any test module imports mlx."""
+
+import kernels  # noqa: F401
