@@ -1,0 +1,72 @@
+"""Bad input gets a 4xx with an OpenAI-style error naming the problem; the server keeps serving."""
+
+import aiohttp
+import pytest
+
+GOOD = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+CASES = [
+    ("malformed json", b"{not json", 400, None),
+    ("wrong type", {**GOOD, "max_tokens": "many"}, 400, "max_tokens"),
+    ("unknown role", {**GOOD, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ("max_tokens zero", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens huge", {**GOOD, "max_tokens": 10**9}, 400, "max_tokens"),
+    ("empty messages", {**GOOD, "messages": []}, 400, "messages"),
+    ("missing messages", {"max_tokens": 2}, 400, None),
+    ("temperature out of range", {**GOOD, "temperature": 7}, 400, "temperature"),
+    ("n above one", {**GOOD, "n": 2}, 400, "n"),
+    ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
+    ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
+]
+
+
+@pytest.mark.parametrize("name,body,status,param", CASES, ids=[c[0] for c in CASES])
+async def test_bad_chat_request_is_refused_clearly(idle_server, name, body, status, param):
+    async with aiohttp.ClientSession() as http:
+        kwargs = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+        async with http.post(idle_server.url + "/v1/chat/completions", **kwargs) as r:
+            assert r.status == status
+            error = (await r.json())["error"]
+            assert error["message"] and error["type"] and error["code"] == status
+            if param:
+                assert error["param"] == param
+        async with http.post(idle_server.url + "/v1/chat/completions", json=GOOD) as r:
+            assert r.status == 200  # the next request is served
+
+
+async def test_unknown_route_and_bad_completion_prompt(idle_server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(idle_server.url + "/v1/nothing") as r:
+            assert r.status == 404 and "error" in await r.json()
+        async with http.post(idle_server.url + "/v1/completions", json={"prompt": "", "max_tokens": 2}) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == "prompt"
+
+
+async def test_queue_full_gets_429_and_disconnects_free_the_slots(idle_server):
+    from tests.integration.conftest import MAX_PENDING
+
+    long = {**GOOD, "max_tokens": 2000, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        streams = [await http.post(idle_server.url + "/v1/chat/completions", json=long) for _ in range(MAX_PENDING)]
+        assert all(s.status == 200 for s in streams)
+        async with http.post(idle_server.url + "/v1/chat/completions", json=GOOD) as r:
+            assert r.status == 429
+            assert (await r.json())["error"]["type"] == "rate_limit_error"
+        for s in streams:
+            s.close()  # client disconnects mid-stream: each request is cancelled, its slot freed
+    assert await eventually_served(idle_server.url, GOOD)
+    health = idle_server.health()
+    assert health["telemetry"]["counters"].get("requests_total{outcome=cancelled}", 0) >= MAX_PENDING
+
+
+async def eventually_served(url: str, body: dict, tries: int = 50) -> bool:
+    """Slots free once the server notices the disconnects, a moment after the client closes."""
+    import asyncio
+
+    async with aiohttp.ClientSession() as http:
+        for _ in range(tries):
+            async with http.post(url + "/v1/chat/completions", json=body) as r:
+                if r.status == 200:
+                    return True
+                assert r.status == 429
+            await asyncio.sleep(0.2)
+    return False

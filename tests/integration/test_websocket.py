@@ -1,0 +1,70 @@
+"""WebSocket streaming: several requests on one socket, cancel, usage, disconnect frees the slot."""
+
+import asyncio
+import time
+
+import aiohttp
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+async def collect(ws, ids: set[str], timeout: float = 60.0) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {i: [] for i in ids}
+    open_ids = set(ids)
+    async with asyncio.timeout(timeout):
+        while open_ids:
+            msg = await ws.receive_json()
+            out[msg["id"]].append(msg)
+            if msg["type"] in ("done", "error"):
+                open_ids.discard(msg["id"])
+    return out
+
+
+async def test_two_requests_share_one_socket(idle_server):
+    async with aiohttp.ClientSession() as http, http.ws_connect(idle_server.url + "/v1/ws") as ws:
+        await ws.send_json({"type": "generate", "id": "a", "messages": CAPITAL, "temperature": 0})
+        await ws.send_json({"type": "generate", "id": "b", "prompt": "def add(a, b):", "max_tokens": 8,
+                            "temperature": 0})
+        got = await collect(ws, {"a", "b"})
+    a_text = "".join(m["text"] for m in got["a"] if m["type"] == "tokens")
+    assert a_text == "The capital of France is Paris."
+    assert got["a"][-1]["finish_reason"] == "stop"
+    assert got["b"][-1]["finish_reason"] == "length" and got["b"][-1]["usage"]["completion_tokens"] == 8
+    assert "speculation" in got["b"][-1]["usage"]
+    ids = [t for m in got["b"] if m["type"] == "tokens" for t in m["token_ids"]]
+    assert len(ids) == 8 and [m["index"] for m in got["b"] if m["type"] == "tokens"] == list(range(8))
+
+
+async def test_cancel_one_request_by_id(idle_server):
+    async with aiohttp.ClientSession() as http, http.ws_connect(idle_server.url + "/v1/ws") as ws:
+        await ws.send_json({"type": "generate", "id": "long", "prompt": "Once upon a time", "max_tokens": 2000})
+        first = await ws.receive_json()
+        assert first["type"] == "tokens"
+        await ws.send_json({"type": "cancel", "id": "long"})
+        got = await collect(ws, {"long"})
+    assert got["long"][-1]["type"] == "done" and got["long"][-1]["finish_reason"] == "cancelled"
+    assert got["long"][-1]["usage"]["completion_tokens"] < 2000
+
+
+async def test_bad_message_gets_an_error_and_the_socket_stays_open(idle_server):
+    async with aiohttp.ClientSession() as http, http.ws_connect(idle_server.url + "/v1/ws") as ws:
+        await ws.send_str("{broken")
+        assert (await ws.receive_json())["type"] == "error"
+        await ws.send_json({"type": "generate", "id": "x", "messages": [], "max_tokens": 2})
+        error = await ws.receive_json()
+        assert error["type"] == "error" and error["id"] == "x" and error["error"]["param"] == "messages"
+        await ws.send_json({"type": "generate", "id": "y", "prompt": "Hello", "max_tokens": 2, "temperature": 0})
+        got = await collect(ws, {"y"})
+    assert got["y"][-1]["type"] == "done"
+
+
+async def test_disconnect_mid_stream_frees_the_slot(idle_server):
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(idle_server.url + "/v1/ws")
+        await ws.send_json({"type": "generate", "id": "gone", "prompt": "Once upon a time", "max_tokens": 2000})
+        assert (await ws.receive_json())["type"] == "tokens"
+        await ws.close()
+    deadline = time.monotonic() + 10
+    while idle_server.health()["scheduler"]["active"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert idle_server.health()["scheduler"]["active"] == 0
