@@ -1,0 +1,28 @@
+"""Only kernels/ and the model owner import mlx: every MLX call stays on the owner's thread."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {ROOT / "actors" / "model_owner.py"}
+
+
+def imports_mlx(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mlx" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mlx":
+            return True
+    return False
+
+
+def test_no_mlx_import_outside_kernels_and_the_model_owner():
+    offenders = [str(p.relative_to(ROOT)) for folder in ("runtime", "actors")
+                 for p in (ROOT / folder).rglob("*.py") if p not in ALLOWED and imports_mlx(p)]
+    assert offenders == []
+
+
+def test_the_check_catches_an_mlx_import(tmp_path):
+    sample = tmp_path / "sneaky.py"
+    sample.write_text("def f():\n    import mlx.core as mx\n")
+    assert imports_mlx(sample)
