@@ -1,7 +1,9 @@
-"""Forward passes for the model owner: prefill, plain decode with one step of lookahead, release.
+"""Forward passes for the model owner: prefill, plain decode with one step of lookahead, and the
+speculative step (draft, verify, roll back).
 
 Mirrors mlx-lm's generate loop (prompt[:-1] prefilled in chunks, then a step on the last token,
 greedy = argmax of log-probabilities) so greedy output is byte-identical to it.
+Per sequence, the KV cache holds every committed token except `last`, the input of the next step.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -24,15 +27,22 @@ class SeqState:
     last: mx.array | None = None  # the last emitted token, input of the next step
     pending: mx.array | None = None  # the next token, already computing (lookahead)
     length: int = 0  # tokens in the KV cache
-    extra: dict = field(default_factory=dict)
+    drafter: dict = field(default_factory=dict)  # the drafter's own per-sequence state
+    draft_probs: mx.array | None = None  # q of the last drafts (sampled drafting only)
+
+    def next_key(self) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        return sub
 
 
 class Engine:
-    def __init__(self, model, prefill_step: int = 2048):
+    def __init__(self, model, prefill_step: int = 2048, drafter=None):
         self.model = model
         self.prefill_step = prefill_step
+        self.drafter = drafter  # a kernels.drafters drafter that runs on this thread, or None
         self.seqs: dict[str, SeqState] = {}
 
+    # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
                 seed: int | None, lookahead: bool) -> int:
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
@@ -42,10 +52,9 @@ class Engine:
         done = 0
         while len(prompt_ids) - done > 1:
             n = min(self.prefill_step, len(prompt_ids) - done - 1)
-            self.model(prompt[done:done + n][None], cache=state.cache)
+            self._forward(state, prompt[done:done + n])
             mx.eval([c.state for c in state.cache])
             done += n
-        state.length = done
         y = self._step(state, prompt[done:])
         return self._emit(state, y, lookahead)
 
@@ -70,17 +79,76 @@ class Engine:
             mx.async_eval(state.pending)
         return y.item()
 
-    def _step(self, state: SeqState, tokens: mx.array) -> mx.array:
-        logits = self.model(tokens[None], cache=state.cache)[:, -1, :]
+    def _forward(self, state: SeqState, tokens: mx.array, verifying: bool = False) -> mx.array:
+        """Logits [L, V] for tokens [L], appended to the cache; the drafter sees what is committed."""
         state.length += tokens.shape[0]
+        drafter = self.drafter
+        if drafter is None or not drafter.wants_hidden:
+            logits = self.model(tokens[None], cache=state.cache)[0]
+            hidden = None
+        else:
+            hidden = self.model.model(tokens[None], cache=state.cache)[0]
+            logits = _lm_head(self.model, hidden)
+        if drafter is not None:
+            drafter.verified(state, hidden) if verifying else drafter.fed(state, tokens, hidden)
+        return logits
+
+    def _step(self, state: SeqState, tokens: mx.array) -> mx.array:
+        logits = self._forward(state, tokens)[-1:]
         if state.temperature == 0:
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return mx.argmax(logprobs, axis=-1)
-        state.key, sub = mx.random.split(state.key)
-        return sample(probs_from_logits(logits[0], state.temperature, state.top_p), sub).reshape(1)
+        return sample(probs_from_logits(logits[0], state.temperature, state.top_p), state.next_key()).reshape(1)
 
-    def snapshot_lengths(self) -> dict[str, int]:
-        return {k: v.length for k, v in self.seqs.items()}
+    # --- speculative path --------------------------------------------------------------------
+    def settle(self, state: SeqState) -> None:
+        """Drop a lookahead step in flight: its cache entry goes, `last` stays the next input."""
+        if state.pending is not None:
+            state.pending = None
+            self._trim(state, 1)
+            if self.drafter is not None:
+                self.drafter.undo_feed(state)
+
+    def propose(self, seq_id: str, k: int) -> tuple[list[int], list[float]]:
+        """Drafts from the model-side drafter (MTP head or draft model) and their confidences."""
+        state = self.seqs[seq_id]
+        self.settle(state)
+        ids, confidences, state.draft_probs = self.drafter.propose(state, k)
+        return ids, confidences
+
+    def verify(self, seq_id: str, drafts: list[int], use_draft_probs: bool) -> tuple[int, list[int]]:
+        """One target forward over [last, d_1..d_K]; returns (accepted count, emitted tokens)."""
+        state = self.seqs[seq_id]
+        self.settle(state)
+        tokens = mx.concatenate([state.last.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
+        logits = self._forward(state, tokens, verifying=True)
+        if state.temperature == 0:
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            return accept_greedy(mx.argmax(logprobs, axis=-1).tolist(), drafts)
+        p = probs_from_logits(logits, state.temperature, state.top_p)
+        q = state.draft_probs if use_draft_probs else None
+        return accept_drafts(p, drafts, q, state.next_key())
+
+    def rollback(self, seq_id: str, drafted: int, accepted: int, emitted: list[int]) -> None:
+        """Trim every cache to the accepted prefix; the last emitted token becomes the next input."""
+        state = self.seqs[seq_id]
+        self._trim(state, drafted - accepted)
+        if self.drafter is not None:
+            self.drafter.commit(state, drafted, accepted, emitted)
+        state.last = mx.array(emitted[-1:], dtype=mx.uint32)
+        state.draft_probs = None
+
+    def _trim(self, state: SeqState, n: int) -> None:
+        if n > 0:
+            for c in state.cache:
+                c.trim(n)
+            state.length -= n
+
+
+def _lm_head(model, hidden: mx.array) -> mx.array:
+    if getattr(model, "lm_head", None) is not None:
+        return model.lm_head(hidden)
+    return model.model.embed_tokens.as_linear(hidden)
 
 
 def _fresh_seed() -> int:

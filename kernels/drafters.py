@@ -1,0 +1,144 @@
+"""Model-side drafters, run by the engine on the owner thread: an MTP head and a draft model.
+
+Both keep their own KV cache in step with the target's committed tokens. The engine calls:
+fed(state, tokens, hidden) for every plain or prefill forward of the target; undo_feed(state) when a
+lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
+after a verify forward; commit(state, drafted, accepted, emitted) after acceptance.
+(N-gram lookup needs no model and runs in the drafter actor itself.)
+"""
+
+from __future__ import annotations
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from kernels.mtp_head import MTPHead
+from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
+
+_ABSORB_AFTER = 64  # exact pairs buffered before the head absorbs them (long plain stretches)
+
+
+class MtpDrafter:
+    """Per sequence: `pairs` of (target hidden h_j, token t_j+1) not yet in the head's cache, and
+    `unpaired`, the newest hidden row, whose next token is the sequence's `last`."""
+
+    wants_hidden = True
+
+    def __init__(self, head: MTPHead, target):
+        self.head, self.target = head, target
+        inner = target.model
+        self.embed, self.norm = inner.embed_tokens, inner.norm
+        self.lm_head = target.lm_head if getattr(target, "lm_head", None) is not None else inner.embed_tokens.as_linear
+
+    def _own(self, state) -> dict:
+        if not state.drafter:
+            state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], unpaired=None, undo=None)
+        return state.drafter
+
+    def fed(self, state, tokens: mx.array, hidden: mx.array) -> None:
+        d = self._own(state)
+        d["undo"] = (len(d["hidden"]), d["unpaired"])
+        if d["unpaired"] is not None:
+            d["hidden"].append(d["unpaired"][None])
+            d["tokens"].append(tokens[:1])
+        if tokens.shape[0] > 1:
+            d["hidden"].append(hidden[:-1])
+            d["tokens"].append(tokens[1:])
+        d["unpaired"] = hidden[-1]
+        if len(d["hidden"]) > _ABSORB_AFTER:
+            h, t = self._take_pairs(d)
+            self.head.absorb(h, t, self.embed, self.norm, d["cache"])
+
+    def undo_feed(self, state) -> None:
+        d = self._own(state)
+        if d["undo"] is not None:
+            count, d["unpaired"] = d["undo"]
+            del d["hidden"][count:], d["tokens"][count:]
+            d["undo"] = None
+
+    def propose(self, state, k: int):
+        d = self._own(state)
+        d["hidden"].append(d["unpaired"][None])
+        d["tokens"].append(state.last.astype(mx.uint32).reshape(1))
+        h, t = self._take_pairs(d)
+        d["unpaired"] = d["undo"] = None
+        key = state.next_key() if state.temperature > 0 else None
+        out = self.head.draft(h, t, k, self.embed, self.norm, self.lm_head, d["cache"],
+                              temperature=state.temperature, top_p=state.top_p, key=key)
+        return out.ids, out.logprobs, out.probs
+
+    def verified(self, state, hidden: mx.array) -> None:
+        self._own(state)["verify_hidden"] = hidden
+
+    def commit(self, state, drafted: int, accepted: int, emitted: list[int]) -> None:
+        d = self._own(state)
+        hidden = d.pop("verify_hidden")
+        if accepted:  # (h of last, d_1), ..., (h of d_n-1, d_n): exact pairs
+            d["hidden"].append(hidden[:accepted])
+            d["tokens"].append(mx.array(emitted[:accepted], dtype=mx.uint32))
+        d["unpaired"] = hidden[accepted]  # its next token is the new last, emitted[-1]
+
+    @staticmethod
+    def _take_pairs(d: dict) -> tuple[mx.array, mx.array]:
+        h, t = mx.concatenate(d["hidden"]), mx.concatenate(d["tokens"])
+        d["hidden"], d["tokens"] = [], []
+        return h, t
+
+
+class DraftModelDrafter:
+    """Per sequence: the draft model's cache, and `unfed`, committed tokens it has not seen yet
+    (the sequence's `last` excluded: it is added at propose time)."""
+
+    wants_hidden = False
+
+    def __init__(self, model):
+        self.model = model
+
+    def _own(self, state) -> dict:
+        if not state.drafter:
+            state.drafter.update(cache=make_prompt_cache(self.model), unfed=[], fed_last=0)
+        return state.drafter
+
+    def fed(self, state, tokens: mx.array, hidden=None) -> None:
+        d = self._own(state)
+        d["unfed"].append(tokens)
+        d["fed_last"] = tokens.shape[0]
+
+    def undo_feed(self, state) -> None:
+        d = self._own(state)
+        if d["unfed"] and d["fed_last"]:
+            d["unfed"].pop()
+            d["fed_last"] = 0
+
+    def propose(self, state, k: int):
+        d = self._own(state)
+        tokens = mx.concatenate([*d["unfed"], state.last.astype(mx.uint32).reshape(1)])
+        d["unfed"], d["fed_last"] = [], 0
+        ids, logprobs, probs = [], [], []
+        for depth in range(k):
+            logits = self.model(tokens[None], cache=d["cache"])[0, -1]
+            logprobs.append(top1_logprob(logits))
+            if state.temperature > 0:
+                probs.append(probs_from_logits(logits, state.temperature, state.top_p))
+                ids.append(sample(probs[-1], state.next_key()))
+            else:
+                ids.append(greedy(logits))
+            tokens = ids[-1].astype(mx.uint32).reshape(1)
+        # The cache now holds d_1..d_k-1 beyond the committed tokens; commit trims what is rejected.
+        q = mx.stack(probs) if probs else None
+        ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
+        mx.eval(ids_array, logprob_array, *([q] if q is not None else []))
+        return ids_array.tolist(), logprob_array.tolist(), q
+
+    def verified(self, state, hidden) -> None:
+        pass
+
+    def commit(self, state, drafted: int, accepted: int, emitted: list[int]) -> None:
+        d = self._own(state)
+        keep = min(accepted, drafted - 1)
+        for c in d["cache"]:
+            c.trim(drafted - 1 - keep)
+        # Committed but unseen: d_k when every draft was accepted (never fed to the draft model).
+        d["unfed"] = [mx.array(emitted[keep:-1], dtype=mx.uint32)] if emitted[keep:-1] else []
+        d["fed_last"] = 0

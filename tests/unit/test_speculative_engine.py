@@ -1,0 +1,104 @@
+"""Speculative steps on tiny random models: greedy output equals plain decode for every drafter and K,
+also when plain steps with lookahead are mixed in (a dropped lookahead must leave nothing behind)."""
+
+import mlx.core as mx
+import pytest
+
+from kernels.drafters import DraftModelDrafter, MtpDrafter
+from kernels.engine import Engine
+from kernels.mtp_head import MTPConfig, MTPHead
+from kernels.ngram import propose_ngram
+from tests.tiny import tiny_llama
+
+PROMPTS = [[5, 9, 5, 9, 5], [3, 7, 11, 13, 17, 19, 23, 3, 7], list(range(20, 50))]
+N = 28
+
+
+def plain(model, prompt):
+    engine = Engine(model)
+    out = [engine.prefill("p", prompt, 0.0, 1.0, None, True)]
+    while len(out) < N:
+        out += engine.decode(["p"], [True])
+    return out
+
+
+def make_engine(kind, model):
+    if kind == "draft-model":
+        return Engine(model, drafter=DraftModelDrafter(tiny_llama(seed=11)))
+    if kind == "self-draft":  # the target as its own draft model: every draft is accepted
+        return Engine(model, drafter=DraftModelDrafter(model))
+    if kind == "mtp":
+        mx.random.seed(5)
+        head = MTPHead(MTPConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=128))
+        mx.eval(head.parameters())
+        return Engine(model, drafter=MtpDrafter(head, model))
+    return Engine(model)
+
+
+def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False):
+    out = [engine.prefill("s", prompt, temperature, 1.0, seed, lookahead=mix_plain)]
+    steps = 0
+    while len(out) < N:
+        steps += 1
+        if mix_plain and steps % 3 == 0:
+            out += engine.decode(["s"], [True])  # leaves a lookahead step in flight
+            continue
+        drafts = propose_ngram(prompt + out, k) if kind == "ngram" else engine.propose("s", k)[0]
+        if not drafts:
+            out += engine.decode(["s"], [False])
+            continue
+        accepted, emitted = engine.verify("s", drafts, use_draft_probs=kind != "ngram")
+        assert 0 <= accepted <= len(drafts) and len(emitted) == accepted + 1
+        engine.rollback("s", len(drafts), accepted, emitted)
+        out += emitted
+    return out if full else out[:N]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "self-draft", "mtp"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("mix_plain", [False, True])
+def test_greedy_speculation_equals_plain_decode(kind, k, mix_plain):
+    model = tiny_llama(seed=4)
+    for prompt in PROMPTS:
+        engine = make_engine(kind, model)
+        assert speculative(engine, kind, prompt, k, mix_plain) == plain(model, prompt)[:N]
+
+
+def test_self_drafting_accepts_every_draft():
+    model = tiny_llama(seed=4)
+    engine = make_engine("self-draft", model)
+    engine.prefill("s", PROMPTS[2], 0.0, 1.0, None, False)
+    for _ in range(4):
+        drafts, confidences = engine.propose("s", 4)
+        accepted, emitted = engine.verify("s", drafts, True)
+        engine.rollback("s", 4, accepted, emitted)
+        assert accepted == 4 and len(confidences) == 4
+        assert all(c <= 0 for c in confidences)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp"])
+def test_sampled_speculation_is_reproducible(kind):
+    model = tiny_llama(seed=4)
+    runs = [speculative(make_engine(kind, model), kind, PROMPTS[1], 3, True, temperature=1.0, seed=3)
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_mtp_head_sees_exactly_the_committed_pairs():
+    """After plain and verify steps, the head's drafts equal a fresh head fed the whole history."""
+    model = tiny_llama(seed=4)
+    engine = make_engine("mtp", model)
+    head, prompt = engine.drafter.head, PROMPTS[1]
+    out = speculative(engine, "mtp", prompt, 3, mix_plain=True, full=True)
+    state = engine.seqs["s"]
+    engine.settle(state)
+    history = mx.array(prompt + out, dtype=mx.uint32)
+    assert state.length == history.size - 1  # every committed token but `last` is in the cache
+    hidden = model.model(history[None])[0]  # positions 0..length; the last one's next token is unknown
+    pairs_h, pairs_t = hidden[:-1], history[1:]
+    drafter = engine.drafter
+    expected = head.draft(pairs_h, pairs_t, 3, drafter.embed, drafter.norm, drafter.lm_head, head.make_cache())
+    got_ids, got_logprobs = engine.propose("s", 3)
+    assert got_ids == expected.ids
+    assert got_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
