@@ -11,7 +11,7 @@ from kernels.ngram import propose_ngram
 from tests.tiny import tiny_llama
 
 PROMPTS = [[5, 9, 5, 9, 5], [3, 7, 11, 13, 17, 19, 23, 3, 7], list(range(20, 50))]
-N = 28
+N = 28  # tokens compared per prompt
 
 
 def plain(model, prompt):
@@ -36,7 +36,9 @@ def make_engine(kind, model):
     return Engine(model)
 
 
-def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False):
+def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False, oracle=None):
+    """oracle: the target's own greedy continuation; when given, every other step verifies it instead
+    of the drafter's proposal, so steps accept several drafts even with a random head."""
     out = [engine.prefill("s", prompt, temperature, 1.0, seed, lookahead=mix_plain)]
     steps = 0
     while len(out) < N:
@@ -45,6 +47,8 @@ def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, 
             out += engine.decode(["s"], [True])  # leaves a lookahead step in flight
             continue
         drafts = propose_ngram(prompt + out, k) if kind == "ngram" else engine.propose("s", k)[0]
+        if oracle is not None and steps % 2:
+            drafts = oracle[len(out):len(out) + k]
         if not drafts:
             out += engine.decode(["s"], [False])
             continue
@@ -90,7 +94,7 @@ def test_mtp_head_sees_exactly_the_committed_pairs():
     model = tiny_llama(seed=4)
     engine = make_engine("mtp", model)
     head, prompt = engine.drafter.head, PROMPTS[1]
-    out = speculative(engine, "mtp", prompt, 3, mix_plain=True, full=True)
+    out = speculative(engine, "mtp", prompt, 3, mix_plain=True, full=True, oracle=plain(model, prompt) * 2)
     state = engine.seqs["s"]
     engine.settle(state)
     history = mx.array(prompt + out, dtype=mx.uint32)
