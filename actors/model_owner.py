@@ -1,6 +1,7 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, Decode and Release (each as an ask); replies Prefilled, Decoded, or None.
+Receives Prefill, Decode, Propose, VerifyDrafts (asks: replies Prefilled, Decoded, Drafted,
+Verified) and Release, Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -13,16 +14,21 @@ from pathlib import Path
 from typing import Any, assert_never
 
 from runtime.actor import Actor
-from runtime.messages import Decode, Decoded, ModelInfo, Prefill, Prefilled, Release
+from runtime.config import SpecConfig
+from runtime.messages import (
+    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, Propose, Release, Rollback, Verified,
+    VerifyDrafts,
+)
 
 
 class ModelOwner(Actor):
     name = "model_owner"
 
-    def __init__(self, model_path: Path, prefill_step: int = 2048):
+    def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig()):
         super().__init__(inbox_size=64)
         self.model_path = model_path
         self.prefill_step = prefill_step
+        self.spec = spec
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
         self.engine = None
         self.info: ModelInfo | None = None
@@ -40,23 +46,34 @@ class ModelOwner(Actor):
     def _load(self) -> ModelInfo:
         from kernels import BLAS
         from kernels.engine import Engine
+        from kernels.heads import build_drafter
         from kernels.loader import load
 
         loaded = load(self.model_path)
-        self.engine = Engine(loaded.model, self.prefill_step)
+        spec = self.spec
+        drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
+                                              spec.mtp_head)
+        self.engine = Engine(loaded.model, self.prefill_step, drafter)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
-                         blas=BLAS, dtype=loaded.dtype)
+                         blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind)
 
     async def teardown(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | Decode | Release) -> Any:
+    async def handle(self, msg: Prefill | Decode | Release | Propose | VerifyDrafts | Rollback) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
             case Decode():
                 return await self.on_thread(self._decode, msg)
+            case Propose():
+                return await self.on_thread(self._propose, msg)
+            case VerifyDrafts():
+                return await self.on_thread(self._verify, msg)
+            case Rollback():
+                return await self.on_thread(self.engine.rollback, msg.seq_id, msg.drafted, msg.accepted,
+                                            list(msg.emitted))
             case Release():
                 return await self.on_thread(self.engine.release, msg.seq_id)
             case _:
@@ -72,3 +89,15 @@ class ModelOwner(Actor):
         started = time.perf_counter()
         tokens = self.engine.decode(msg.seq_ids, msg.lookahead)
         return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started)
+
+    def _propose(self, msg: Propose) -> Drafted:
+        started = time.perf_counter()
+        tokens, confidences = self.engine.propose(msg.seq_id, msg.k)
+        return Drafted(tokens=tuple(tokens), confidences=tuple(confidences),
+                       has_probs=self.engine.seqs[msg.seq_id].draft_probs is not None,
+                       seconds=time.perf_counter() - started)
+
+    def _verify(self, msg: VerifyDrafts) -> Verified:
+        started = time.perf_counter()
+        accepted, emitted = self.engine.verify(msg.seq_id, list(msg.drafts), msg.use_draft_probs)
+        return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started)

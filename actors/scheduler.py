@@ -1,7 +1,8 @@
 """Scheduler: owns sequences and forms each step from the scheduler mode.
 
-Receives Admitted and Cancel. Sends Prefill / Decode / Release to the model owner, TokensEmitted and
-one terminal event (Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
+Receives Admitted and Cancel. Sends Prefill / Decode / Release to the model owner, Draft to the
+drafter and VerifyDrafts to the verifier (the speculative step), TokensEmitted and one terminal event
+(Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from collections import deque
 from typing import assert_never
 
 from runtime.actor import Actor
+from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Failed, Finished, Prefill, Release, Sample,
-    TokensEmitted,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Failed, Finished, Prefill, Release, Sample,
+    TokensEmitted, VerifyDrafts,
 )
 from runtime.modes import SchedulerMode
+from runtime.speculation import SpeculationPolicy
 from runtime.sequence import Sequence, Status
 from runtime.text import IncrementalText, TextCodec
 
@@ -25,10 +28,13 @@ class Scheduler(Actor):
     name = "scheduler"
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
-                 codec: TextCodec):
+                 codec: TextCodec, policy: SpeculationPolicy | None = None,
+                 drafter: Actor | None = None, verifier: Actor | None = None):
         super().__init__(inbox_size=1024)
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
+        self.policy = policy or SpeculationPolicy("none", 1)
+        self.drafter, self.verifier = drafter, verifier
         self.waiting: deque[Sequence] = deque()
         self.active: dict[str, Sequence] = {}
         self.steps = 0
@@ -60,13 +66,19 @@ class Scheduler(Actor):
         for seq in self.mode.admit(self.waiting, self.active):
             await self.prefill(seq)
         batch = self.mode.decode_batch(self.active)
-        if batch:
-            self.steps += 1
+        if not batch:
+            return
+        self.steps += 1
+        depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
+        step, pinned = self.policy.choose(batch, depth)
+        if step is GateStep.MTP:
+            await self.spec_step(batch[0], pinned)  # width 1: the serial and hyper modes
+        else:
             await self.plain_step(batch)
 
     def describe(self) -> dict:
         return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
-                "active": len(self.active)}
+                "active": len(self.active), "speculation": self.policy.snapshot()}
 
     # --- work ------------------------------------------------------------------------------------
     async def prefill(self, seq: Sequence) -> None:
@@ -87,23 +99,60 @@ class Scheduler(Actor):
 
     async def plain_step(self, batch: list[Sequence]) -> None:
         ids = tuple(s.request_id for s in batch)
+        ahead = self.policy.next_is_plain(batch)
+        started = time.perf_counter()
         try:
-            reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(s.remaining > 1 for s in batch)))
+            reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))
         except ActorFailure as e:
             for seq in batch:
                 await self.fail(seq, e)
             return
+        wall = time.perf_counter() - started
         for seq, token in zip(batch, reply.tokens):
             seq.spec.plain_steps += 1
-            seq.spec.plain_seconds += reply.seconds
+            seq.spec.plain_seconds += wall
             await self.emit(seq, [token])
-        await self.telemetry.tell(Sample(name="step_seconds", value=reply.seconds, kind="observe",
-                                         labels=(("phase", "step_plain"),)))
+        await self.after_step(GateStep.PLAIN, False, wall, batch, len(batch))
+
+    async def spec_step(self, seq: Sequence, pinned: bool) -> None:
+        """Draft, verify in one target forward, roll back; emits 1..K+1 tokens."""
+        k = min(self.policy.k, seq.remaining - 1)
+        if k < 1:
+            return await self.plain_step([seq])
+        history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
+        started = time.perf_counter()
+        try:
+            drafted = await self.drafter.ask(Draft(seq_id=seq.request_id, history=history, k=k))
+            if not drafted.tokens:  # nothing to propose: this step decodes plainly
+                return await self.plain_step([seq])
+            verified = await self.verifier.ask(VerifyDrafts(seq_id=seq.request_id, drafts=drafted.tokens,
+                                                            use_draft_probs=drafted.has_probs))
+        except ActorFailure as e:
+            return await self.fail(seq, e)
+        wall = time.perf_counter() - started
+        seq.spec.note_verify(len(drafted.tokens), verified.accepted, wall)
+        await self.emit(seq, list(verified.emitted))
+        await self.after_step(GateStep.MTP, pinned, wall, [seq], len(verified.emitted))
+
+    async def after_step(self, step: GateStep, pinned: bool, wall: float, batch, tokens: int) -> None:
+        phase = "step_mtp" if step is GateStep.MTP else "step_plain"
+        await self.telemetry.tell(Sample(name="sched_phase_seconds", value=wall, kind="observe",
+                                         labels=(("phase", phase),)))
+        decision = self.policy.record(step, pinned=pinned, wall_s=wall, width=len(batch), tokens=tokens)
+        self.log.debug("step", step=self.steps, phase=phase, pinned=pinned, width=len(batch), tokens=tokens,
+                       seconds=round(wall, 5))
+        if decision is not None:
+            self.log.info("gate_switched", step=self.steps, mode=decision.mode.value,
+                          serial_tok_s=decision.serial_tok_s, mtp_tok_s=decision.mtp_tok_s,
+                          width_bucket=decision.width_bucket)
+            await self.telemetry.tell(Sample(name="gate_switches_total", value=1,
+                                             labels=(("to", decision.mode.value),)))
 
     async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
         index = len(seq.output_ids)
         first = seq.first_token_at is None
         kept, delta = seq.accept(token_ids, self.codec.eos_ids)
+        seq.think = seq.think.advance(kept, self.policy.think_markers)
         if first and kept:
             self.log.info("first_token", request_id=seq.request_id,
                           seconds=round(seq.first_token_at - seq.submitted_at, 4))

@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-wait-ms", type=float)
     serve.add_argument("--log-format", choices=["json", "console"])
     serve.add_argument("--cache-dir", help="where converted models live (default ~/.cache/metrale)")
+    serve.add_argument("--drafter", choices=["auto", "mtp", "draft-model", "ngram", "none"],
+                       help="auto (default): the model's MTP head if one is found, else n-gram lookup")
+    serve.add_argument("--draft-model", help="an mlx-lm model directory with the same tokenizer")
+    serve.add_argument("--mtp-head", help="a folder with mtp_head.safetensors and mtp_head.json")
+    serve.add_argument("--num-draft-tokens", type=int, help="K, drafts per speculative step")
+    serve.add_argument("--mtp-gate", choices=["auto", "force", "off"],
+                       help="auto: speculate when measured faster; force: whenever eligible; off: never")
     serve.set_defaults(func=cmd_serve)
     fetch = sub.add_parser("fetch-model", help="fetch and convert the default model, print its directory")
     fetch.add_argument("--cache-dir")
@@ -52,6 +59,8 @@ def config_from_args(args) -> Config:
     config = load_config(path)
     config = override(config, "server", host=args.host, port=args.port, log_format=args.log_format)
     config = override(config, "model", path=args.model, cache_dir=args.cache_dir)
+    config = override(config, "spec", drafter=args.drafter, draft_model=args.draft_model, mtp_head=args.mtp_head,
+                      num_draft_tokens=args.num_draft_tokens, mtp_gate=args.mtp_gate)
     return override(config, "scheduler", mode=args.scheduler_mode,
                     max_active_requests=args.max_active_requests, batch_wait_ms=args.batch_wait_ms)
 

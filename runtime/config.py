@@ -36,10 +36,13 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    drafter: Literal["mtp", "draft-model", "ngram", "none"] = "none"
+    # auto: the model's MTP head where one is found, else n-gram lookup
+    drafter: Literal["auto", "mtp", "draft-model", "ngram", "none"] = "auto"
     draft_model: str | None = None
-    num_draft_tokens: int = 4
+    mtp_head: str | None = None  # a folder with mtp_head.safetensors + mtp_head.json
+    num_draft_tokens: int = 3
     ngram_max: int = 3
+    mtp_gate: Literal["auto", "force", "off"] | None = None  # None: METRALE_MTP_GATE_FORCE, else auto
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

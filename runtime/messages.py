@@ -158,9 +158,53 @@ class ModelInfo(_Msg, frozen=True):
     vocab_size: int
     blas: str
     dtype: str
+    drafter: str = "none"  # the drafter actually in use ("auto" resolved)
 
 
-OwnerCommand = Prefill | Decode | Release
+# --- scheduler -> drafter / verifier -> model owner --------------------------------------------
+
+class Draft(_Msg, frozen=True):
+    """Propose up to k drafts for a sequence; history is its prompt and output so far."""
+
+    seq_id: str
+    history: tuple[int, ...]
+    k: int
+
+
+class Drafted(_Msg, frozen=True):
+    tokens: tuple[int, ...]
+    confidences: tuple[float, ...]  # top-1 log-probabilities; empty for n-gram lookup
+    has_probs: bool  # the drafter sampled from a distribution q that verification must use
+    seconds: float
+
+
+class Propose(_Msg, frozen=True):
+    seq_id: str
+    k: int
+
+
+class VerifyDrafts(_Msg, frozen=True):
+    seq_id: str
+    drafts: tuple[int, ...]
+    use_draft_probs: bool
+
+
+class Verified(_Msg, frozen=True):
+    accepted: int
+    emitted: tuple[int, ...]
+    seconds: float
+
+
+class Rollback(_Msg, frozen=True):
+    """Trim every cache of a sequence to its accepted prefix."""
+
+    seq_id: str
+    drafted: int
+    accepted: int
+    emitted: tuple[int, ...]
+
+
+OwnerCommand = Prefill | Decode | Release | Propose | VerifyDrafts | Rollback
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from runtime.eligibility import ThinkProgress
 from runtime.messages import FinishReason, SamplingParams, SpecReceipt, Usage
 from runtime.text import IncrementalText
 
@@ -49,6 +50,17 @@ class SpecCounters:
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
 
+    def note_verify(self, drafted: int, accepted: int, seconds: float) -> None:
+        """One verify step: positions 1..drafted were drafted, 1..accepted accepted."""
+        width = max(drafted, len(self.drafted))
+        self.drafted.extend([0] * (width - len(self.drafted)))
+        self.accepted.extend([0] * (width - len(self.accepted)))
+        for position in range(drafted):
+            self.drafted[position] += 1
+            self.accepted[position] += position < accepted
+        self.verify_steps += 1
+        self.verify_seconds += seconds
+
     def receipt(self) -> SpecReceipt:
         return SpecReceipt(
             drafted_tokens=sum(self.drafted), accepted_tokens=sum(self.accepted),
@@ -70,6 +82,7 @@ class Sequence:
     spec: SpecCounters = field(default_factory=SpecCounters)
     finish_reason: FinishReason | None = None
     first_token_at: float | None = None
+    think: ThinkProgress = field(default_factory=ThinkProgress)
 
     def move(self, to: Status) -> None:
         if to not in TRANSITIONS[self.status]:

@@ -13,14 +13,18 @@ from pathlib import Path
 import structlog
 
 from actors.admission import Admission
+from actors.drafter import Drafter
 from actors.model_owner import ModelOwner
 from actors.scheduler import Scheduler
 from actors.streamer import Streamer
 from actors.telemetry import Telemetry
+from actors.verifier import Verifier
 from runtime.actor import Actor
-from runtime.config import Config
+from runtime.config import Config, ConfigError
+from runtime.eligibility import ThinkMarkers
 from runtime.messages import ActorFailure, ModelInfo
 from runtime.modes import make_mode
+from runtime.speculation import SpeculationPolicy
 from runtime.text import TextCodec
 
 
@@ -29,12 +33,16 @@ class System:
         self.config, self.model_dir = config, model_dir
         self.log = structlog.get_logger().bind(actor="system")
         self.codec = TextCodec(model_dir)
+        if config.spec.drafter == "draft-model":
+            check_same_tokenizer(self.codec, config.spec.draft_model)
         self.telemetry = Telemetry()
-        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step)
+        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec)
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
                                    self.telemetry, self.codec)
         self.admission: Admission | None = None
+        self.drafter: Drafter | None = None
+        self.verifier: Verifier | None = None
         self.started_at = time.monotonic()
         self.failure: str | None = None
 
@@ -43,16 +51,14 @@ class System:
         return self.owner.info
 
     def order(self) -> list[Actor]:
-        return [self.telemetry, self.owner, self.streamer, self.scheduler, self.admission]
+        return [self.telemetry, self.owner, self.drafter, self.verifier, self.streamer, self.scheduler,
+                self.admission]
 
     async def start(self) -> None:
         for actor in self.order()[:2]:
             actor.start()
             await actor.started()
-        # Admission needs the model's context length, known once the owner has loaded it.
-        self.admission = Admission(self.config.admission, self.codec, self.info.context_length,
-                                   self.scheduler, self.telemetry)
-        self.streamer.admission = self.admission
+        self._wire_after_load()
         for actor in self.order()[2:]:
             actor.start()
             await actor.started()
@@ -60,6 +66,20 @@ class System:
             actor._task.add_done_callback(self._watch)
         self.log.info("system_started", model=self.info.model_id, mode=self.config.scheduler.mode,
                       blas=self.info.blas)
+
+    def _wire_after_load(self) -> None:
+        """Admission needs the context length and speculation the drafter, known once the model is loaded."""
+        spec, info = self.config.spec, self.info
+        self.drafter = Drafter(info.drafter, self.owner, self.telemetry, spec.ngram_max)
+        self.verifier = Verifier(self.owner, self.telemetry)
+        markers = ThinkMarkers(start=self.codec.think_ids[0], end=self.codec.think_ids[1]) \
+            if self.codec.think_ids else ThinkMarkers()
+        self.scheduler.policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate,
+                                                  think_markers=markers)
+        self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
+        self.admission = Admission(self.config.admission, self.codec, info.context_length,
+                                   self.scheduler, self.telemetry)
+        self.streamer.admission = self.admission
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:
@@ -85,3 +105,11 @@ class System:
             if actor is not None:
                 await actor.close()
         self.log.info("system_stopped")
+
+
+def check_same_tokenizer(codec: TextCodec, draft_model: str) -> None:
+    """A draft model must share the target's vocabulary, or its drafts mean other tokens."""
+    draft = TextCodec(draft_model)
+    if draft.tok.get_vocab() != codec.tok.get_vocab():
+        raise ConfigError(f"--draft-model {draft_model}: its tokenizer differs from the served model's; "
+                          "a draft model must use the same vocabulary")

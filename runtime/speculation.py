@@ -1,0 +1,68 @@
+"""Per step, plain decode or the speculative step: the MTP gate, its setting, eligibility, entry pin.
+
+Pure policy (no asyncio, no MLX, no clock): the scheduler passes measured wall times in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from runtime.eligibility import (
+    GateSetting, ThinkMarkers, entry_pin_forces_verify, entry_pin_tokens_from_env, gate_setting,
+    spec_dispatch_eligible, spec_think_from_env,
+)
+from runtime.gate import GateDecision, GateStep, MtpGate
+
+
+class SpeculationPolicy:
+    def __init__(self, drafter: str, k: int, gate_cli: str | None = None, resume_guard: int = 0,
+                 think_markers: ThinkMarkers = ThinkMarkers(), env: Mapping[str, str] = os.environ):
+        self.drafter, self.k = drafter, k
+        self.setting = GateSetting.OFF if drafter == "none" else gate_setting(gate_cli, env)
+        self.gate = MtpGate() if self.setting is GateSetting.AUTO else None
+        self.pin_tokens = entry_pin_tokens_from_env(env)
+        self.spec_think = spec_think_from_env(env)
+        self.resume_guard, self.think_markers = resume_guard, think_markers
+
+    @property
+    def enabled(self) -> bool:
+        return self.setting is not GateSetting.OFF
+
+    def eligible(self, seq) -> bool:
+        return spec_dispatch_eligible(seq.think, resume_guard=self.resume_guard, spec_think=self.spec_think,
+                                      disable_mtp=seq.params.disable_mtp)
+
+    def choose(self, batch, context_depth: int) -> tuple[GateStep, bool]:
+        """The step to run for this batch, and whether it runs under the entry pin (not recorded)."""
+        if not self.enabled or not all(self.eligible(s) for s in batch):
+            return GateStep.PLAIN, False
+        if self.gate is None:
+            return GateStep.MTP, False
+        self.gate.note_width(len(batch))
+        self.gate.maybe_remeasure(context_depth)
+        step = self.gate.next_step()
+        pinned = entry_pin_forces_verify(step, min_post_think_emitted=min(s.think.post_think_emitted for s in batch),
+                                         pin_tokens=self.pin_tokens)
+        return (GateStep.MTP, True) if pinned else (step, False)
+
+    def next_is_plain(self, batch) -> bool:
+        """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
+        if not self.enabled or not all(self.eligible(s) for s in batch):
+            return True
+        if self.gate is None:
+            return False
+        return self.gate.next_step() is GateStep.PLAIN and \
+            min(s.think.post_think_emitted for s in batch) + 1 >= self.pin_tokens
+
+    def record(self, step: GateStep, *, pinned: bool, wall_s: float, width: int,
+               tokens: int) -> GateDecision | None:
+        if self.gate is None:
+            return None
+        self.gate.record(step, wall_s=wall_s, width=width, tokens_emitted=tokens, pinned=pinned)
+        return self.gate.take_fresh_decision()
+
+    def snapshot(self) -> dict:
+        return {"drafter": self.drafter, "num_draft_tokens": self.k, "gate_setting": self.setting.value,
+                "entry_pin_tokens": self.pin_tokens,
+                "gate": self.gate.snapshot() if self.gate is not None else None}
