@@ -16,6 +16,12 @@ far. `draft` feeds the new exact pairs, drafts K tokens, then trims its K-1 spec
 itself, so a rejected draft leaves nothing behind. When the target's history is cut back, trim
 the head's cache by the same count (`mlx_lm.models.cache.trim_prompt_cache`).
 
+Reduced draft vocabulary (optional, `draft_vocab_size`): the target's LM head is most of a draft
+step's cost on a CPU (49,152 x 576 for the default model), so a head may carry its own projection
+onto the N most frequent tokens (`draft_lm_head`, rows of the target's LM head) and `vocab_map`
+(N full-vocabulary ids). Drafts are then mapped back to full ids, and q is scattered into the full
+vocabulary (zero outside the map), so callers see no difference; the `lm_head` argument is unused.
+
 Weights on disk: `mtp_head.safetensors` (parameters) and `mtp_head.json` (the MTPConfig fields)
 side by side. `load_qwen_mtp_head` reads the `mtp.*` tensors of a raw Hugging Face Qwen3.5
 checkpoint instead (mlx-lm drops them when it loads the model).
@@ -57,6 +63,8 @@ class MTPConfig:
     gated_attention: bool = False  # q_proj also yields a sigmoid gate on the output (Qwen)
     own_norm: bool = False  # the head has its own final norm instead of the target's
     num_layers: int = 1  # 1 = one block shared by every depth
+    draft_vocab_size: int | None = None  # N: draft over N tokens of the target's vocabulary
+    vocab_size: int | None = None  # the target's vocabulary size, needed with draft_vocab_size
 
     @property
     def head_size(self) -> int:
@@ -144,6 +152,11 @@ class MTPHead(nn.Module):
         self.layers = [MTPBlock(config) for _ in range(config.num_layers)]
         if config.own_norm:
             self.norm = nn.RMSNorm(dim, eps=eps)
+        if config.draft_vocab_size:
+            if not config.vocab_size:
+                raise ValueError("a reduced draft vocabulary needs the target's vocab_size")
+            self.draft_lm_head = nn.Linear(dim, config.draft_vocab_size, bias=False)
+            self.vocab_map = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
@@ -191,13 +204,13 @@ class MTPHead(nn.Module):
         keys = list(mx.random.split(key, k)) if key is not None else [None] * k
         ids, logprobs, probs = [], [], []
         for depth in range(k):
-            logits = lm_head(h)[0, 0]
+            logits = self.draft_logits(h, lm_head)[0, 0]
             logprobs.append(top1_logprob(logits))
             if temperature > 0:
-                probs.append(probs_from_logits(logits, temperature, top_p))
+                probs.append(self._full_probs(probs_from_logits(logits, temperature, top_p)))
                 ids.append(sample(probs[-1], keys[depth]))
             else:
-                ids.append(greedy(logits))
+                ids.append(self._full_ids(greedy(logits)))
             if depth + 1 < k:
                 h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache)
         # Drop the k-1 speculative positions now: only exact pairs ever stay in the cache.
@@ -207,6 +220,33 @@ class MTPHead(nn.Module):
         ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
         mx.eval(ids_array, logprob_array, *([q] if q is not None else []))
         return MTPDraft(ids_array.tolist(), logprob_array.tolist(), q)
+
+
+    @property
+    def reduced(self) -> bool:
+        return "draft_lm_head" in self
+
+    def draft_logits(self, h: mx.array, lm_head: Module) -> mx.array:
+        """Logits over the draft vocabulary: the reduced one if the head has it, else the target's."""
+        return self.draft_lm_head(h) if self.reduced else lm_head(h)
+
+    def _full_ids(self, draft_ids: mx.array) -> mx.array:
+        return self.vocab_map[draft_ids] if self.reduced else draft_ids
+
+    def _full_probs(self, probs: mx.array) -> mx.array:
+        if not self.reduced:
+            return probs
+        return mx.zeros((self.config.vocab_size,), probs.dtype).at[self.vocab_map].add(probs)
+
+
+def init_draft_vocab(head: MTPHead, lm_weight: mx.array, token_ids: Sequence[int]) -> None:
+    """Point a reduced head at `token_ids` of the target: their rows of its LM head [V, d]."""
+    ids = mx.array(list(token_ids), dtype=mx.int32)
+    if not head.reduced or ids.size != head.config.draft_vocab_size:
+        raise ValueError(f"the head drafts over {head.config.draft_vocab_size} ids, got {ids.size}")
+    head.vocab_map = ids
+    head.draft_lm_head.weight = lm_weight[ids].astype(head.fc.weight.dtype)
+    mx.eval(head.vocab_map, head.draft_lm_head.weight)
 
 
 def _rows(hidden: mx.array) -> mx.array:
@@ -220,11 +260,14 @@ def _token_rows(tokens: int | Sequence[int] | mx.array) -> mx.array:
     return array.astype(mx.int32).reshape(1, -1)
 
 
-def save_mtp_head(head: MTPHead, directory: str | Path) -> Path:
-    """Write `mtp_head.safetensors` and `mtp_head.json` into directory; returns the directory."""
+def save_mtp_head(head: MTPHead, directory: str | Path, dtype: mx.Dtype | None = None) -> Path:
+    """Write `mtp_head.safetensors` and `mtp_head.json` into directory; returns the directory.
+
+    dtype (e.g. mx.float16 for shipping) converts the floating tensors; ids stay integers."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(directory / HEAD_WEIGHTS), dict(tree_flatten(head.parameters())))
+    tensors = {name: _as_dtype(value, dtype) for name, value in tree_flatten(head.parameters())}
+    mx.save_safetensors(str(directory / HEAD_WEIGHTS), tensors)
     (directory / HEAD_CONFIG).write_text(json.dumps(asdict(head.config), indent=2) + "\n")
     return directory
 
@@ -242,10 +285,15 @@ def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
 def _build_head(config: MTPConfig, weights: Mapping[str, mx.array], dtype: mx.Dtype) -> MTPHead:
     head = MTPHead(config)
     # strict: a missing, extra or misshapen tensor is an error, not a silently random head.
-    head.load_weights([(name, value.astype(dtype)) for name, value in weights.items()])
+    head.load_weights([(name, _as_dtype(value, dtype)) for name, value in weights.items()])
     mx.eval(head.parameters())
     head.eval()
     return head
+
+
+def _as_dtype(value: mx.array, dtype: mx.Dtype | None) -> mx.array:
+    floating = mx.issubdtype(value.dtype, mx.floating)
+    return value.astype(dtype) if dtype is not None and floating else value
 
 
 # --- Qwen3.5 (and dense Qwen3-Next-style) checkpoints: the `mtp.` tensors -------------------

@@ -1,4 +1,5 @@
-"""MTP head on a tiny random llama target: shapes, chaining, cache rollback, files, Qwen keys."""
+"""MTP head on a tiny random llama target: shapes, chaining, cache rollback, files, Qwen keys,
+reduced draft vocabulary."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kernels.mtp_head import (
     HEAD_WEIGHTS,
     MTPConfig,
     MTPHead,
+    init_draft_vocab,
     load_mtp_head,
     load_qwen_mtp_head,
     map_qwen_mtp_weights,
@@ -309,3 +311,79 @@ def test_nothing_to_feed(target):
     assert cache[0].offset == 0
     with pytest.raises(ValueError):
         draft(head, target, cache, mx.zeros((0, HIDDEN)), [], 2)
+
+
+# --- Reduced draft vocabulary -----------------------------------------------------------------
+
+REDUCED = 32
+
+
+def reduced_config(size: int = REDUCED) -> MTPConfig:
+    return MTPConfig(**{**LLAMA_HEAD.__dict__, "draft_vocab_size": size, "vocab_size": VOCAB})
+
+
+def reduced_twin(head: MTPHead, target, token_ids) -> MTPHead:
+    """A reduced head with `head`'s weights, drafting over `token_ids` of the target's LM head."""
+    twin = MTPHead(reduced_config(len(token_ids)))
+    twin.update(head.parameters())
+    init_draft_vocab(twin, target.model.embed_tokens.weight, token_ids)
+    return twin
+
+
+def test_a_full_permuted_draft_vocabulary_drafts_what_the_full_lm_head_drafts(target):
+    head = make_head()
+    permuted = np.random.default_rng(0).permutation(VOCAB).tolist()
+    twin = reduced_twin(head, target, permuted)
+    hidden, following = pairs(target, PROMPT)
+    full = draft(head, target, head.make_cache(), hidden, following, 5)
+    reduced = draft(twin, target, twin.make_cache(), hidden, following, 5)
+    assert reduced.ids == full.ids
+    np.testing.assert_allclose(reduced.logprobs, full.logprobs, rtol=1e-4, atol=1e-5)
+
+
+def test_reduced_drafts_are_full_ids_from_the_map(target):
+    head = make_head()
+    kept = list(range(0, VOCAB, 4))  # 32 ids, mapped back from draft indices 0..31
+    twin = reduced_twin(head, target, kept)
+    hidden, following = pairs(target, PROMPT)
+    out = draft(twin, target, twin.make_cache(), hidden, following, 6)
+    assert all(t in kept for t in out.ids)
+    assert any(t >= REDUCED for t in out.ids)  # full ids, not draft indices
+
+
+def test_reduced_sampled_q_lives_on_the_map_in_the_full_vocabulary(target):
+    twin = reduced_twin(make_head(), target, list(range(1, VOCAB, 4)))
+    hidden, following = pairs(target, PROMPT)
+    sampled = dict(temperature=1.0, key=mx.random.key(2))
+    out = draft(twin, target, twin.make_cache(), hidden, following, 3, **sampled)
+    q = np.array(out.probs)
+    assert q.shape == (3, VOCAB)
+    np.testing.assert_allclose(q.sum(axis=-1), 1.0, rtol=1e-5)
+    outside = np.ones(VOCAB, bool)
+    outside[1::4] = False
+    assert np.all(q[:, outside] == 0)
+    assert all(q[i, t] > 0 for i, t in enumerate(out.ids))
+
+
+def test_reduced_head_round_trips_through_files(target, tmp_path):
+    twin = reduced_twin(make_head(), target, list(range(VOCAB - 1, -1, -4)))
+    hidden, following = pairs(target, PROMPT)
+    want = draft(twin, target, twin.make_cache(), hidden, following, 4)
+    loaded = load_mtp_head(save_mtp_head(twin, tmp_path / "exact"))
+    assert loaded.config == twin.config and loaded.vocab_map.dtype == mx.int32
+    assert loaded.vocab_map.tolist() == twin.vocab_map.tolist()
+    assert draft(loaded, target, loaded.make_cache(), hidden, following, 4).ids == want.ids
+    # Shipped in float16: floats halve, ids stay exact integers.
+    small = save_mtp_head(twin, tmp_path / "half", dtype=mx.float16)
+    stored = mx.load(str(small / HEAD_WEIGHTS))
+    assert stored["fc.weight"].dtype == mx.float16 and stored["vocab_map"].dtype == mx.int32
+    assert load_mtp_head(small).vocab_map.tolist() == twin.vocab_map.tolist()
+
+
+def test_reduced_vocabulary_needs_the_full_size_and_a_matching_map(target):
+    with pytest.raises(ValueError, match="vocab_size"):
+        MTPHead(MTPConfig(**{**LLAMA_HEAD.__dict__, "draft_vocab_size": REDUCED}))
+    with pytest.raises(ValueError, match="drafts over"):
+        init_draft_vocab(MTPHead(reduced_config()), target.model.embed_tokens.weight, [1, 2, 3])
+    with pytest.raises(ValueError, match="drafts over"):
+        init_draft_vocab(make_head(), target.model.embed_tokens.weight, [1, 2, 3])
