@@ -1,0 +1,108 @@
+"""Speculation on the default model: greedy output is byte-identical to plain decode.
+
+Engine level: every drafter (n-gram, the model as its own draft model, an MTP head) at K = 1..8.
+Server level: a server forced to speculate answers exactly what plain decode answers, with receipts.
+"""
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.integration.conftest import ServerProcess
+
+PROMPTS = {
+    "code": "<|im_start|>user\nWrite a Python function that returns the squares of a list.<|im_end|>\n<|im_start|>assistant\n",
+    "chat": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "repeat": "one two three one two three one two",
+}
+DRAFTER_KS = [("ngram", 1), ("ngram", 4), ("ngram", 7), ("draft-model", 2), ("draft-model", 5),
+              ("draft-model", 8), ("mtp", 3), ("mtp", 6)]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def target(model_dir):
+    from kernels.engine import Engine
+    from kernels.loader import load
+    from runtime.text import TextCodec
+
+    model, codec = load(model_dir).model, TextCodec(model_dir)
+    plain = {name: run(Engine(model), codec.encode(text), 0, "none") for name, text in PROMPTS.items()}
+    return model, codec, plain
+
+
+def run(engine, ids, k, kind):
+    from kernels.ngram import propose_ngram
+
+    out = [engine.prefill("s", ids, 0.0, 1.0, None, k == 0)]
+    while len(out) < N:
+        drafts = [] if k == 0 else propose_ngram(ids + out, k) if kind == "ngram" else engine.propose("s", k)[0]
+        if not drafts:
+            out += engine.decode(["s"], [k == 0])
+            continue
+        accepted, emitted = engine.verify("s", drafts, kind != "ngram")
+        engine.rollback("s", len(drafts), accepted, emitted)
+        out += emitted
+    engine.release("s")
+    return out[:N]
+
+
+def engine_for(kind, model):
+    import mlx.core as mx
+
+    from kernels.drafters import DraftModelDrafter, MtpDrafter
+    from kernels.engine import Engine
+    from kernels.mtp_head import MTPConfig, MTPHead
+
+    if kind == "draft-model":
+        return Engine(model, drafter=DraftModelDrafter(model))
+    if kind == "mtp":  # an untrained head of the model's shape: drafts are poor, the output must not change
+        mx.random.seed(0)
+        head = MTPHead(MTPConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                                 intermediate_size=1536, rope_theta=100000.0))
+        return Engine(model, drafter=MtpDrafter(head, model))
+    return Engine(model)
+
+
+@pytest.mark.parametrize("kind,k", DRAFTER_KS, ids=[f"{d}-K{k}" for d, k in DRAFTER_KS])
+def test_greedy_speculation_is_byte_identical_on_the_default_model(target, kind, k):
+    model, codec, plain = target
+    for name, text in PROMPTS.items():
+        spec = run(engine_for(kind, model), codec.encode(text), k, kind)
+        assert codec.decode(spec) == codec.decode(plain[name]), name
+        assert spec == plain[name], name
+
+
+def post(url, body):
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def forced_server(model_dir, tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("forced"),
+                         extra=("--drafter", "ngram", "--mtp-gate", "force", "--num-draft-tokens", "4"))
+    yield proc
+    proc.stop()
+
+
+def test_forced_speculation_server_matches_plain_decode(forced_server, idle_server):
+    for text in PROMPTS.values():
+        body = {"prompt": text, "max_tokens": 48, "temperature": 0}
+        spec = post(forced_server.url, body)
+        plain = post(idle_server.url, {**body, "disable_mtp": True})
+        assert spec["choices"][0]["text"] == plain["choices"][0]["text"]
+        receipt, plain_receipt = spec["usage"]["speculation"], plain["usage"]["speculation"]
+        assert plain_receipt["verify_steps"] == 0 and plain_receipt["drafted_tokens"] == 0
+        assert receipt["verify_steps"] > 0 and receipt["drafted_tokens"] >= receipt["accepted_tokens"]
+        assert sum(receipt["accepted_by_position"]) == receipt["accepted_tokens"]
+    health = json.loads(urllib.request.urlopen(forced_server.url + "/health").read())
+    assert health["scheduler"]["speculation"]["gate_setting"] == "force"
+
+
+def test_disable_mtp_turns_speculation_off_for_one_request(forced_server):
+    body = {"prompt": PROMPTS["repeat"], "max_tokens": 16, "temperature": 0}
+    assert post(forced_server.url, {**body, "disable_mtp": True})["usage"]["speculation"]["verify_steps"] == 0
+    assert post(forced_server.url, body)["usage"]["speculation"]["verify_steps"] > 0
