@@ -89,3 +89,28 @@ class Sink(Actor):
 
     async def handle(self, msg):
         return None
+
+
+class ScriptedSpecOwner(ScriptedOwner):
+    """Also verifies drafts greedily against the script and records rollbacks."""
+
+    def __init__(self, scripts):
+        super().__init__(scripts)
+        self.rollbacks: list = []
+
+    async def handle(self, msg):
+        from runtime.messages import Rollback, Verified, VerifyDrafts
+
+        match msg:
+            case VerifyDrafts():
+                i = self.positions[msg.seq_id]
+                truth = self.scripts[msg.seq_id][i:i + len(msg.drafts) + 1]
+                n = 0
+                while n < len(msg.drafts) and msg.drafts[n] == truth[n]:
+                    n += 1
+                return Verified(accepted=n, emitted=tuple(truth[:n + 1]), seconds=0.001)
+            case Rollback():
+                self.rollbacks.append(msg)
+                self.positions[msg.seq_id] += len(msg.emitted)
+            case _:
+                return await super().handle(msg)
