@@ -140,7 +140,9 @@ class Scheduler(Actor):
                                          labels=(("phase", phase),)))
         decision = self.policy.record(step, pinned=pinned, wall_s=wall, width=len(batch), tokens=tokens)
         self.log.debug("step", step=self.steps, phase=phase, pinned=pinned, width=len(batch), tokens=tokens,
-                       seconds=round(wall, 5))
+                       seconds=round(wall, 5), request_id=batch[0].request_id if len(batch) == 1 else None)
+        for name, value in self.policy.gauges():
+            await self.telemetry.tell(Sample(name=name, value=value, kind="gauge"))
         if decision is not None:
             self.log.info("gate_switched", step=self.steps, mode=decision.mode.value,
                           serial_tok_s=decision.serial_tok_s, mtp_tok_s=decision.mtp_tok_s,
@@ -154,7 +156,7 @@ class Scheduler(Actor):
         kept, delta = seq.accept(token_ids, self.codec.eos_ids)
         seq.think = seq.think.advance(kept, self.policy.think_markers)
         if first and kept:
-            self.log.info("first_token", request_id=seq.request_id,
+            self.log.info("first_token", request_id=seq.request_id, step=self.steps,
                           seconds=round(seq.first_token_at - seq.submitted_at, 4))
         if kept or delta:
             await self.streamer.tell(TokensEmitted(request_id=seq.request_id, token_ids=tuple(kept),
@@ -166,7 +168,7 @@ class Scheduler(Actor):
     async def finish(self, seq: Sequence) -> None:
         seq.move(Status.FINISHED)
         await self._leave(seq)
-        self.log.info("finished", request_id=seq.request_id, reason=seq.finish_reason,
+        self.log.info("finished", request_id=seq.request_id, step=self.steps, reason=seq.finish_reason,
                       completion_tokens=len(seq.output_ids),
                       seconds=round(time.monotonic() - seq.submitted_at, 4))
         await self.streamer.tell(Finished(request_id=seq.request_id, finish_reason=seq.finish_reason,
@@ -178,7 +180,8 @@ class Scheduler(Actor):
             return
         seq.move(Status.CANCELLED)
         await self._leave(seq)
-        self.log.info("cancelled", request_id=request_id, reason=reason, completion_tokens=len(seq.output_ids))
+        self.log.info("cancelled", request_id=request_id, step=self.steps, reason=reason,
+                      completion_tokens=len(seq.output_ids))
         await self.streamer.tell(Cancelled(request_id=request_id, reason=reason, usage=seq.usage()))
 
     async def fail(self, seq: Sequence, error: ActorFailure) -> None:
@@ -186,7 +189,7 @@ class Scheduler(Actor):
             return
         seq.move(Status.FAILED)
         await self._leave(seq)
-        self.log.error("failed", request_id=seq.request_id, error=str(error))
+        self.log.error("failed", request_id=seq.request_id, step=self.steps, error=str(error))
         await self.streamer.tell(Failed(request_id=seq.request_id, error=error.message, status=error.status))
 
     async def _leave(self, seq: Sequence) -> None:

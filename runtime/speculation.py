@@ -62,6 +62,17 @@ class SpeculationPolicy:
         self.gate.record(step, wall_s=wall_s, width=width, tokens_emitted=tokens, pinned=pinned)
         return self.gate.take_fresh_decision()
 
+    def gauges(self) -> list[tuple[str, float]]:
+        """The gate's state as telemetry gauges: mode, both estimates, staleness, width bucket."""
+        if self.gate is None:
+            return []
+        snap = self.gate.snapshot()
+        out = [("gate_mode_mtp", float(snap["mode"] == "mtp")), ("gate_width_bucket", float(snap["width_bucket"] or 0))]
+        for mode in ("serial", "mtp"):
+            stats = snap[mode]
+            out += [(f"gate_{mode}_tok_s", float(stats["tok_s"] or 0.0)), (f"gate_{mode}_stale", float(stats["stale"]))]
+        return out
+
     def snapshot(self) -> dict:
         return {"drafter": self.drafter, "num_draft_tokens": self.k, "gate_setting": self.setting.value,
                 "entry_pin_tokens": self.pin_tokens,

@@ -1,0 +1,47 @@
+"""The speculation policy around the gate: settings, eligibility, the entry pin, recording."""
+
+from types import SimpleNamespace
+
+from runtime.eligibility import ThinkProgress
+from runtime.gate import GateStep
+from runtime.messages import SamplingParams
+from runtime.speculation import SpeculationPolicy
+
+
+def seq(emitted=0, disable_mtp=False):
+    return SimpleNamespace(think=ThinkProgress(post_think_emitted=emitted, emitted=emitted),
+                           params=SamplingParams(disable_mtp=disable_mtp))
+
+
+def test_settings_and_environment():
+    assert SpeculationPolicy("none", 3, env={}).choose([seq(100)], 10) == (GateStep.PLAIN, False)
+    assert SpeculationPolicy("ngram", 3, "off", env={}).choose([seq(100)], 10) == (GateStep.PLAIN, False)
+    assert SpeculationPolicy("ngram", 3, "force", env={}).choose([seq(100)], 10) == (GateStep.MTP, False)
+    forced = SpeculationPolicy("ngram", 3, env={"METRALE_MTP_GATE_FORCE": "1"})
+    assert forced.gate is None and forced.choose([seq(100)], 10) == (GateStep.MTP, False)
+    assert SpeculationPolicy("ngram", 3, "auto", env={"METRALE_MTP_GATE_FORCE": "1"}).gate is not None
+
+
+def test_disable_mtp_in_one_sequence_keeps_the_batch_plain():
+    policy = SpeculationPolicy("ngram", 3, "force", env={})
+    assert policy.choose([seq(100), seq(100, disable_mtp=True)], 10) == (GateStep.PLAIN, False)
+    assert policy.next_is_plain([seq(100, disable_mtp=True)])
+
+
+def test_entry_pin_forces_verify_for_new_sequences_and_is_not_recorded():
+    policy = SpeculationPolicy("ngram", 3, "auto", env={"METRALE_SPEC_ENTRY_PIN": "8"})
+    assert policy.choose([seq(3)], 10) == (GateStep.MTP, True)
+    assert policy.choose([seq(8)], 10) == (GateStep.PLAIN, False)
+    assert policy.choose([seq(20), seq(0)], 10) == (GateStep.MTP, True)  # one entering sequence pins all
+    policy.record(GateStep.MTP, pinned=True, wall_s=0.1, width=1, tokens=3)
+    assert policy.gate.snapshot()["window_steps"] == 0
+
+
+def test_gauges_describe_the_gate():
+    policy = SpeculationPolicy("ngram", 3, "auto", env={})
+    policy.choose([seq(100)], 10)
+    for _ in range(40):
+        policy.record(GateStep.PLAIN, pinned=False, wall_s=0.05, width=1, tokens=1)
+    gauges = dict(policy.gauges())
+    assert gauges["gate_mode_mtp"] == 0.0 and gauges["gate_serial_tok_s"] > 0
+    assert set(gauges) >= {"gate_mtp_tok_s", "gate_serial_stale", "gate_mtp_stale", "gate_width_bucket"}
