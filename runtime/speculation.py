@@ -30,6 +30,10 @@ class SpeculationPolicy:
         return self.setting is not GateSetting.OFF
 
     def eligible(self, seq) -> bool:
+        # Under the measuring gate the step path depends on timing, and rejection sampling draws
+        # differ by path: a seeded sampled request decodes plainly so its seed reproduces its output.
+        if self.gate is not None and seq.params.seed is not None and not seq.params.greedy:
+            return False
         return spec_dispatch_eligible(seq.think, resume_guard=self.resume_guard, spec_think=self.spec_think,
                                       disable_mtp=seq.params.disable_mtp)
 

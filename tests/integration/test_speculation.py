@@ -106,3 +106,10 @@ def test_disable_mtp_turns_speculation_off_for_one_request(forced_server):
     body = {"prompt": PROMPTS["repeat"], "max_tokens": 16, "temperature": 0}
     assert post(forced_server.url, {**body, "disable_mtp": True})["usage"]["speculation"]["verify_steps"] == 0
     assert post(forced_server.url, body)["usage"]["speculation"]["verify_steps"] > 0
+
+
+def test_seeded_sampling_repeats_with_speculation_forced(forced_server):
+    body = {"prompt": PROMPTS["repeat"], "max_tokens": 16, "temperature": 0.9, "seed": 11}
+    first, second = post(forced_server.url, body), post(forced_server.url, body)
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    assert first["usage"]["speculation"]["verify_steps"] > 0

@@ -8,9 +8,9 @@ from runtime.messages import SamplingParams
 from runtime.speculation import SpeculationPolicy
 
 
-def seq(emitted=0, disable_mtp=False):
+def seq(emitted=0, disable_mtp=False, **params):
     return SimpleNamespace(think=ThinkProgress(post_think_emitted=emitted, emitted=emitted),
-                           params=SamplingParams(disable_mtp=disable_mtp))
+                           params=SamplingParams(disable_mtp=disable_mtp, **params))
 
 
 def test_settings_and_environment():
@@ -45,3 +45,12 @@ def test_gauges_describe_the_gate():
     gauges = dict(policy.gauges())
     assert gauges["gate_mode_mtp"] == 0.0 and gauges["gate_serial_tok_s"] > 0
     assert set(gauges) >= {"gate_mtp_tok_s", "gate_serial_stale", "gate_mtp_stale", "gate_width_bucket"}
+
+
+def test_seeded_sampling_stays_reproducible_under_the_measuring_gate():
+    auto = SpeculationPolicy("ngram", 3, "auto", env={})
+    assert auto.choose([seq(100, temperature=0.8, seed=7)], 10) == (GateStep.PLAIN, False)
+    assert auto.choose([seq(0, temperature=0.8)], 10) == (GateStep.MTP, True)  # unseeded: pinned entry
+    assert auto.choose([seq(0, seed=7)], 10) == (GateStep.MTP, True)  # greedy is path-independent
+    forced = SpeculationPolicy("ngram", 3, "force", env={})  # a fixed path: seeded runs repeat
+    assert forced.choose([seq(100, temperature=0.8, seed=7)], 10) == (GateStep.MTP, False)
