@@ -1,4 +1,4 @@
-"""metrale command line: serve, bench NAME, fetch-model."""
+"""metrale command line: serve, bench NAME, calibrate, fetch-model."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
+    if argv[:1] == ["calibrate"]:
+        from kernels.blas import select_blas
+
+        select_blas()
+        from runtime.calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -49,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--cache-dir")
     fetch.set_defaults(func=cmd_fetch)
     sub.add_parser("bench", help="run a benchmark: metrale bench NAME --help")
+    sub.add_parser("calibrate", help="measure verify/draft costs for the planner: metrale calibrate --help")
     return parser
 
 
