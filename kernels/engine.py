@@ -59,6 +59,10 @@ class Engine:
         return self._emit(state, y, lookahead)
 
     def decode(self, seq_ids, lookahead) -> list[int]:
+        if len(seq_ids) > 1:  # a batch: one forward over every sequence, no lookahead
+            from kernels.batch_engine import step_rows
+
+            return [emitted[0] for _, emitted in step_rows(self, [(s, [], False) for s in seq_ids])]
         out = []
         for seq_id, ahead in zip(seq_ids, lookahead):
             state = self.seqs[seq_id]
