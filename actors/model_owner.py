@@ -1,7 +1,7 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, Decode, Propose, VerifyDrafts (asks: replies Prefilled, Decoded, Drafted,
-Verified) and Release, Rollback (tells).
+Receives Prefill, Decode, Propose, VerifyDrafts, VerifyBatch (asks: replies Prefilled, Decoded,
+Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -17,7 +17,7 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
     Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, Propose, Release, Rollback, Verified,
-    VerifyDrafts,
+    VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
 
@@ -61,7 +61,7 @@ class ModelOwner(Actor):
     async def teardown(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | Decode | Release | Propose | VerifyDrafts | Rollback) -> Any:
+    async def handle(self, msg: Prefill | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
@@ -71,6 +71,8 @@ class ModelOwner(Actor):
                 return await self.on_thread(self._propose, msg)
             case VerifyDrafts():
                 return await self.on_thread(self._verify, msg)
+            case VerifyBatch():
+                return await self.on_thread(self._verify_batch, msg)
             case Rollback():
                 return await self.on_thread(self.engine.rollback, msg.seq_id, msg.drafted, msg.accepted,
                                             list(msg.emitted))
@@ -101,3 +103,13 @@ class ModelOwner(Actor):
         started = time.perf_counter()
         accepted, emitted = self.engine.verify(msg.seq_id, list(msg.drafts), msg.use_draft_probs)
         return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started)
+
+    def _verify_batch(self, msg: VerifyBatch) -> VerifiedBatch:
+        from kernels.batch_engine import step_rows
+
+        started = time.perf_counter()
+        rows = [(r.seq_id, list(r.drafts), r.use_draft_probs) for r in msg.rows]
+        results = step_rows(self.engine, rows)
+        seconds = time.perf_counter() - started
+        return VerifiedBatch(results=tuple(Verified(accepted=a, emitted=tuple(e), seconds=seconds) for a, e in results),
+                             seconds=seconds)

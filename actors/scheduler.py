@@ -15,8 +15,8 @@ from typing import assert_never
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Failed, Finished, Prefill, Release, Sample,
-    TokensEmitted, VerifyDrafts,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, Failed, Finished, Prefill, Release,
+    Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
 )
 from runtime.modes import SchedulerMode
 from runtime.speculation import SpeculationPolicy
@@ -44,6 +44,8 @@ class Scheduler(Actor):
         while True:
             idle = not self.waiting and not self.active
             items = [await self.inbox.get()] if idle else []
+            if idle and self.mode.batch_wait_s:  # let a burst of arrivals start as one batch
+                await asyncio.sleep(self.mode.batch_wait_s)
             while not self.inbox.empty():
                 items.append(self.inbox.get_nowait())
             for item in items:
@@ -72,13 +74,13 @@ class Scheduler(Actor):
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         step, pinned = self.policy.choose(batch, depth)
         if step is GateStep.MTP:
-            await self.spec_step(batch[0], pinned)  # width 1: the serial and hyper modes
+            await self.spec_step(batch, pinned)
         else:
             await self.plain_step(batch)
 
     def describe(self) -> dict:
         return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
-                "active": len(self.active), "speculation": self.policy.snapshot()}
+                "active": len(self.active), "speculation": self.policy.snapshot(), **self.mode.describe()}
 
     # --- work ------------------------------------------------------------------------------------
     async def prefill(self, seq: Sequence) -> None:
@@ -87,7 +89,8 @@ class Scheduler(Actor):
         log = self.log.bind(request_id=seq.request_id)
         try:
             reply = await self.owner.ask(Prefill(seq_id=seq.request_id, prompt_ids=seq.prompt_ids,
-                                                 params=seq.params, lookahead=seq.params.max_tokens > 1))
+                                                 params=seq.params,
+                                                 lookahead=self.mode.lookahead and seq.params.max_tokens > 1))
         except ActorFailure as e:
             await self.fail(seq, e)
             return
@@ -99,7 +102,8 @@ class Scheduler(Actor):
 
     async def plain_step(self, batch: list[Sequence]) -> None:
         ids = tuple(s.request_id for s in batch)
-        ahead = self.policy.next_is_plain(batch)
+        # Lookahead pays on the serial path only; a batch step already overlaps many sequences.
+        ahead = self.mode.lookahead and len(batch) == 1 and not self.waiting and self.policy.next_is_plain(batch)
         started = time.perf_counter()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))
@@ -112,27 +116,43 @@ class Scheduler(Actor):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall
             await self.emit(seq, [token])
+        self.mode.note_step("plain", len(batch), 0, 0)
         await self.after_step(GateStep.PLAIN, False, wall, batch, len(batch))
 
-    async def spec_step(self, seq: Sequence, pinned: bool) -> None:
-        """Draft, verify in one target forward, roll back; emits 1..K+1 tokens."""
-        k = min(self.policy.k, seq.remaining - 1)
-        if k < 1:
-            return await self.plain_step([seq])
-        history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
+    async def spec_step(self, batch: list[Sequence], pinned: bool) -> None:
+        """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
         started = time.perf_counter()
         try:
-            drafted = await self.drafter.ask(Draft(seq_id=seq.request_id, history=history, k=k))
-            if not drafted.tokens:  # nothing to propose: this step decodes plainly
-                return await self.plain_step([seq])
-            verified = await self.verifier.ask(VerifyDrafts(seq_id=seq.request_id, drafts=drafted.tokens,
-                                                            use_draft_probs=drafted.has_probs))
+            drafts = [await self.draft(seq) for seq in batch]
+            if not any(drafts):  # nothing to propose: this step decodes plainly
+                return await self.plain_step(batch)
+            rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
+                                      use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
+            results = ((await self.verifier.ask(rows[0])),) if len(rows) == 1 else \
+                (await self.verifier.ask(VerifyBatch(rows=rows))).results
         except ActorFailure as e:
-            return await self.fail(seq, e)
+            for seq in batch:
+                await self.fail(seq, e)
+            return
         wall = time.perf_counter() - started
-        seq.spec.note_verify(len(drafted.tokens), verified.accepted, wall)
-        await self.emit(seq, list(verified.emitted))
-        await self.after_step(GateStep.MTP, pinned, wall, [seq], len(verified.emitted))
+        for seq, row, result in zip(batch, rows, results):
+            if row.drafts:
+                seq.spec.note_verify(len(row.drafts), result.accepted, wall)
+            else:
+                seq.spec.plain_steps += 1
+                seq.spec.plain_seconds += wall
+            await self.emit(seq, list(result.emitted))
+        self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
+        await self.after_step(GateStep.MTP, pinned, wall, batch, sum(len(r.emitted) for r in results))
+
+    async def draft(self, seq: Sequence) -> Drafted | None:
+        """Drafts for one sequence, or None where it does not speculate this step."""
+        k = min(self.policy.k, seq.remaining - 1)
+        if k < 1 or not self.policy.eligible(seq):
+            return None
+        history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
+        drafted = await self.drafter.ask(Draft(seq_id=seq.request_id, history=history, k=k))
+        return drafted if drafted.tokens else None
 
     async def after_step(self, step: GateStep, pinned: bool, wall: float, batch, tokens: int) -> None:
         phase = "step_mtp" if step is GateStep.MTP else "step_plain"

@@ -33,6 +33,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     mode: SchedulerMode = "serial"
     max_active_requests: int = 1
     batch_wait_ms: float = 0.0
+    mtp_max_seqs: int = 32  # above this batch width every sequence plain-decodes (the planner's cap too)
 
 
 class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,6 +87,8 @@ def validate(config: Config) -> Config:
     sched, adm = config.scheduler, config.admission
     if sched.max_active_requests < 1:
         raise ConfigError("--max-active-requests must be at least 1")
+    if sched.mtp_max_seqs < 1:
+        raise ConfigError("mtp_max_seqs must be at least 1")
     if sched.batch_wait_ms < 0:
         raise ConfigError("--batch-wait-ms must not be negative")
     if sched.mode in ("serial", "hyper") and sched.max_active_requests > 1:

@@ -195,6 +195,17 @@ class Verified(_Msg, frozen=True):
     seconds: float
 
 
+class VerifyBatch(_Msg, frozen=True):
+    """Verify many sequences in one target forward; rows without drafts take a plain step."""
+
+    rows: tuple[VerifyDrafts, ...]
+
+
+class VerifiedBatch(_Msg, frozen=True):
+    results: tuple[Verified, ...]
+    seconds: float
+
+
 class Rollback(_Msg, frozen=True):
     """Trim every cache of a sequence to its accepted prefix."""
 
@@ -204,7 +215,7 @@ class Rollback(_Msg, frozen=True):
     emitted: tuple[int, ...]
 
 
-OwnerCommand = Prefill | Decode | Release | Propose | VerifyDrafts | Rollback
+OwnerCommand = Prefill | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 

@@ -1,11 +1,15 @@
 """Scheduler modes: which waiting requests start now, and which active ones step together.
 
 Pure policy over the scheduler's containers; the scheduler does the work.
+- serial: one request at a time on the plain serial path (with one step of lookahead).
+- mtp_batch: continuous batching; requests join between steps up to max_active_requests and leave
+  as soon as they end; the batch speculates when the gate says it pays (spec/plan.md caps it at
+  mtp_max_seqs).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import Protocol
 
 from runtime.config import ConfigError, SchedulerConfig
@@ -14,25 +18,81 @@ from runtime.sequence import Sequence, Status
 
 class SchedulerMode(Protocol):
     name: str
+    lookahead: bool
+    batch_wait_s: float
 
     def admit(self, waiting: deque[Sequence], active: dict[str, Sequence]) -> list[Sequence]: ...
 
     def decode_batch(self, active: dict[str, Sequence]) -> list[Sequence]: ...
+
+    def note_step(self, kind: str, width: int, rows_verified: int, accepted: int) -> None: ...
+
+    def describe(self) -> dict: ...
+
+
+def _decoding(active: dict[str, Sequence]) -> list[Sequence]:
+    return [s for s in active.values() if s.status is Status.DECODING and not s.done]
 
 
 class SerialMode:
     """One request at a time, first come first served, on the plain serial path."""
 
     name = "serial"
+    lookahead = True
+    batch_wait_s = 0.0
+
+    def __init__(self):
+        self.steps: Counter[str] = Counter()
 
     def admit(self, waiting, active):
         return [waiting.popleft()] if waiting and not active else []
 
     def decode_batch(self, active):
-        return [s for s in active.values() if s.status is Status.DECODING and not s.done][:1]
+        return _decoding(active)[:1]
+
+    def note_step(self, kind, width, rows_verified, accepted):
+        self.steps[kind] += 1
+
+    def describe(self) -> dict:
+        return {"serial": {"steps_by_kind": dict(self.steps)}}
+
+
+class MtpBatchMode:
+    """Continuous batching: every decoding request steps in one batch; new ones join between steps."""
+
+    name = "mtp_batch"
+    lookahead = True  # used only while the batch is a single sequence with nobody waiting
+
+    def __init__(self, max_active: int, batch_wait_ms: float):
+        self.max_active, self.batch_wait_s = max_active, batch_wait_ms / 1000.0
+        self.width_histogram: Counter[int] = Counter()
+        self.steps: Counter[str] = Counter()
+        self.rows_verified = self.accepted = 0
+
+    def admit(self, waiting, active):
+        room = self.max_active - len(active)
+        return [waiting.popleft() for _ in range(min(room, len(waiting)))]
+
+    def decode_batch(self, active):
+        return _decoding(active)
+
+    def note_step(self, kind, width, rows_verified, accepted):
+        self.width_histogram[width] += 1
+        self.steps[kind] += 1
+        self.rows_verified += rows_verified
+        self.accepted += accepted
+
+    def describe(self) -> dict:
+        acceptance = self.accepted / self.rows_verified if self.rows_verified else None
+        return {"mtp_batch": {"batch_width_histogram": dict(sorted(self.width_histogram.items())),
+                              "steps_by_kind": dict(self.steps), "rows_verified": self.rows_verified,
+                              "accepted": self.accepted, "acceptance": acceptance,
+                              "max_active_requests": self.max_active}}
 
 
 def make_mode(config: SchedulerConfig) -> SchedulerMode:
     if config.mode == "serial":
         return SerialMode()
-    raise ConfigError(f"--scheduler-mode {config.mode} is not available yet (serial is)")
+    if config.mode == "mtp_batch":
+        return MtpBatchMode(config.max_active_requests, config.batch_wait_ms)
+    raise ConfigError(f"--scheduler-mode {config.mode} is not available yet (serial and mtp_batch are)")

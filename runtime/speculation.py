@@ -17,8 +17,9 @@ from runtime.gate import GateDecision, GateStep, MtpGate
 
 class SpeculationPolicy:
     def __init__(self, drafter: str, k: int, gate_cli: str | None = None, resume_guard: int = 0,
-                 think_markers: ThinkMarkers = ThinkMarkers(), env: Mapping[str, str] = os.environ):
-        self.drafter, self.k = drafter, k
+                 think_markers: ThinkMarkers = ThinkMarkers(), env: Mapping[str, str] = os.environ,
+                 mtp_max_seqs: int = 32):
+        self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
         self.setting = GateSetting.OFF if drafter == "none" else gate_setting(gate_cli, env)
         self.gate = MtpGate() if self.setting is GateSetting.AUTO else None
         self.pin_tokens = entry_pin_tokens_from_env(env)
@@ -38,26 +39,29 @@ class SpeculationPolicy:
                                       disable_mtp=seq.params.disable_mtp)
 
     def choose(self, batch, context_depth: int) -> tuple[GateStep, bool]:
-        """The step to run for this batch, and whether it runs under the entry pin (not recorded)."""
-        if not self.enabled or not all(self.eligible(s) for s in batch):
+        """The step to run for this batch, and whether it runs under the entry pin (not recorded).
+        Sequences that are not eligible take plain rows inside a speculative step."""
+        eligible = [s for s in batch if self.eligible(s)]
+        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs:
             return GateStep.PLAIN, False
         if self.gate is None:
             return GateStep.MTP, False
         self.gate.note_width(len(batch))
         self.gate.maybe_remeasure(context_depth)
         step = self.gate.next_step()
-        pinned = entry_pin_forces_verify(step, min_post_think_emitted=min(s.think.post_think_emitted for s in batch),
+        pinned = entry_pin_forces_verify(step, min_post_think_emitted=min(s.think.post_think_emitted for s in eligible),
                                          pin_tokens=self.pin_tokens)
         return (GateStep.MTP, True) if pinned else (step, False)
 
     def next_is_plain(self, batch) -> bool:
         """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
-        if not self.enabled or not all(self.eligible(s) for s in batch):
+        eligible = [s for s in batch if self.eligible(s)]
+        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs:
             return True
         if self.gate is None:
             return False
         return self.gate.next_step() is GateStep.PLAIN and \
-            min(s.think.post_think_emitted for s in batch) + 1 >= self.pin_tokens
+            min(s.think.post_think_emitted for s in eligible) + 1 >= self.pin_tokens
 
     def record(self, step: GateStep, *, pinned: bool, wall_s: float, width: int,
                tokens: int) -> GateDecision | None:
@@ -79,5 +83,6 @@ class SpeculationPolicy:
 
     def snapshot(self) -> dict:
         return {"drafter": self.drafter, "num_draft_tokens": self.k, "gate_setting": self.setting.value,
+                "mtp_max_seqs": self.mtp_max_seqs,
                 "entry_pin_tokens": self.pin_tokens,
                 "gate": self.gate.snapshot() if self.gate is not None else None}

@@ -75,7 +75,8 @@ class System:
         markers = ThinkMarkers(start=self.codec.think_ids[0], end=self.codec.think_ids[1]) \
             if self.codec.think_ids else ThinkMarkers()
         self.scheduler.policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate,
-                                                  think_markers=markers)
+                                                  think_markers=markers,
+                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs)
         self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)

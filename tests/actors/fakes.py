@@ -97,18 +97,29 @@ class ScriptedSpecOwner(ScriptedOwner):
     def __init__(self, scripts):
         super().__init__(scripts)
         self.rollbacks: list = []
+        self.batches: list[int] = []
+
+    def _verify(self, msg):
+        from runtime.messages import Verified
+
+        i = self.positions[msg.seq_id]
+        truth = self.scripts[msg.seq_id][i:i + len(msg.drafts) + 1]
+        n = 0
+        while n < len(msg.drafts) and msg.drafts[n] == truth[n]:
+            n += 1
+        if not msg.drafts:  # a plain row advances at once; draft rows advance at their rollback
+            self.positions[msg.seq_id] += 1
+        return Verified(accepted=n, emitted=tuple(truth[:n + 1]), seconds=0.001)
 
     async def handle(self, msg):
-        from runtime.messages import Rollback, Verified, VerifyDrafts
+        from runtime.messages import Rollback, VerifiedBatch, VerifyBatch, VerifyDrafts
 
         match msg:
             case VerifyDrafts():
-                i = self.positions[msg.seq_id]
-                truth = self.scripts[msg.seq_id][i:i + len(msg.drafts) + 1]
-                n = 0
-                while n < len(msg.drafts) and msg.drafts[n] == truth[n]:
-                    n += 1
-                return Verified(accepted=n, emitted=tuple(truth[:n + 1]), seconds=0.001)
+                return self._verify(msg)
+            case VerifyBatch():
+                self.batches.append(len(msg.rows))
+                return VerifiedBatch(results=tuple(self._verify(r) for r in msg.rows), seconds=0.001)
             case Rollback():
                 self.rollbacks.append(msg)
                 self.positions[msg.seq_id] += len(msg.emitted)

@@ -22,10 +22,13 @@ def test_settings_and_environment():
     assert SpeculationPolicy("ngram", 3, "auto", env={"METRALE_MTP_GATE_FORCE": "1"}).gate is not None
 
 
-def test_disable_mtp_in_one_sequence_keeps_the_batch_plain():
-    policy = SpeculationPolicy("ngram", 3, "force", env={})
-    assert policy.choose([seq(100), seq(100, disable_mtp=True)], 10) == (GateStep.PLAIN, False)
+def test_disable_mtp_takes_a_plain_row_and_the_cap_keeps_wide_batches_plain():
+    policy = SpeculationPolicy("ngram", 3, "force", env={}, mtp_max_seqs=4)
+    assert policy.choose([seq(100), seq(100, disable_mtp=True)], 10) == (GateStep.MTP, False)
+    assert policy.choose([seq(100, disable_mtp=True)], 10) == (GateStep.PLAIN, False)
     assert policy.next_is_plain([seq(100, disable_mtp=True)])
+    assert policy.choose([seq(100)] * 4, 10) == (GateStep.MTP, False)
+    assert policy.choose([seq(100)] * 5, 10) == (GateStep.PLAIN, False)
 
 
 def test_entry_pin_forces_verify_for_new_sequences_and_is_not_recorded():

@@ -1,0 +1,79 @@
+"""mtp_batch mode with scripted peers: requests join and leave between steps, rows verify together."""
+
+import asyncio
+
+from actors.drafter import Drafter
+from actors.scheduler import Scheduler
+from actors.verifier import Verifier
+from runtime.messages import Admitted, Cancel, Finished, SamplingParams, TokensEmitted
+from runtime.modes import MtpBatchMode
+from runtime.speculation import SpeculationPolicy
+from tests.actors.fakes import CharCodec, Collector, ScriptedSpecOwner, Sink
+
+SCRIPTS = {
+    "a": [1, 2, 3] * 10,
+    "b": [4, 5, 6, 7] * 8,
+    "c": [8, 9] * 15,
+    "late": [3, 1, 4, 1, 5, 9, 2, 6] * 4,
+}
+
+
+async def started(gate: str, max_active: int = 8):
+    owner = ScriptedSpecOwner(dict(SCRIPTS))
+    streamer, telemetry = Collector(), Sink()
+    drafter, verifier = Drafter("ngram", owner, telemetry), Verifier(owner, telemetry)
+    policy = SpeculationPolicy("ngram", 3, gate, env={})
+    mode = MtpBatchMode(max_active, batch_wait_ms=1.0)
+    scheduler = Scheduler(mode, owner, streamer, telemetry, CharCodec(), policy, drafter, verifier)
+    actors = [owner, streamer, telemetry, drafter, verifier, scheduler]
+    for actor in actors:
+        actor.start()
+    return owner, streamer, scheduler, actors
+
+
+def admitted(rid, n, **params):
+    return Admitted(request_id=rid, prompt_ids=(1, 2), submitted_at=0.0,
+                    params=SamplingParams(max_tokens=n, **params))
+
+
+async def test_joining_leaving_and_mixed_rows_keep_every_script():
+    owner, events, scheduler, actors = await started("force")
+    await scheduler.tell(admitted("a", 30))
+    await scheduler.tell(admitted("b", 12))
+    await scheduler.tell(admitted("c", 20, disable_mtp=True))
+    async with asyncio.timeout(5):
+        while len([e for e in events.of("a") if isinstance(e, TokensEmitted)]) < 3:
+            await asyncio.sleep(0.001)
+    await scheduler.tell(admitted("late", 25))  # joins a running batch
+    async with asyncio.timeout(5):
+        while len(events.terminals()) < 4:
+            await asyncio.sleep(0.002)
+    for rid, script in SCRIPTS.items():
+        tokens = [t for e in events.of(rid) if isinstance(e, TokensEmitted) for t in e.token_ids]
+        limit = {"a": 30, "b": 12, "c": 20, "late": 25}[rid]
+        assert tokens == script[:limit], rid
+    done = {e.request_id: e for e in events.terminals()}
+    assert all(isinstance(e, Finished) for e in done.values())
+    assert done["c"].usage.speculation.verify_steps == 0  # its rows were plain inside batched steps
+    assert done["a"].usage.speculation.verify_steps > 0
+    assert max(owner.batches) >= 3
+    stats = scheduler.describe()["mtp_batch"]
+    assert stats["rows_verified"] > 0 and max(stats["batch_width_histogram"]) >= 3
+    for actor in reversed(actors):
+        await actor.close()
+
+
+async def test_max_active_bounds_the_batch_and_cancel_frees_a_slot():
+    owner, events, scheduler, actors = await started("off", max_active=2)
+    owner.step_delay = 0.005  # slow enough that a and b are still running when we look
+    for rid, n in (("a", 30), ("b", 30), ("c", 5)):
+        await scheduler.tell(admitted(rid, n))
+    await asyncio.sleep(0.05)
+    assert len(scheduler.active) == 2 and [s.request_id for s in scheduler.waiting] == ["c"]
+    await scheduler.tell(Cancel(request_id="a"))
+    async with asyncio.timeout(5):
+        while len(events.terminals()) < 3:
+            await asyncio.sleep(0.002)
+    assert max(scheduler.describe()["mtp_batch"]["batch_width_histogram"]) == 2
+    for actor in reversed(actors):
+        await actor.close()
