@@ -1,0 +1,89 @@
+"""Benchmark plumbing: a metrale server on loopback in this process, and timed streaming clients."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+
+@dataclass
+class Timing:
+    tokens: int
+    tok_s: float
+    itl_p50: float  # seconds between token arrivals, over every client
+    itl_p99: float
+
+
+def timing(tokens: int, seconds: float, gaps: list[float]) -> Timing:
+    gaps = sorted(gaps) or [0.0]
+    return Timing(tokens, tokens / seconds if seconds else 0.0, statistics.median(gaps),
+                  gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))])
+
+
+class LoopbackServer:
+    """`metrale serve --scheduler-mode mtp_batch` on 127.0.0.1, started and stopped in-process."""
+
+    def __init__(self, max_active: int, port: int = 0):
+        self.max_active, self.port = max_active, port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self):
+        from aiohttp import web
+
+        from runtime import tracing
+        from runtime.config import load_config, override, preset
+        from runtime.server import build_app
+        from runtime.system import System
+        from kernels.default_model import ensure_default_model
+
+        tracing.configure("json", level="warning")
+        config = override(load_config(preset("mtp_batch")), "scheduler", max_active_requests=self.max_active)
+        config = override(config, "admission", max_pending=max(64, 2 * self.max_active))
+        self.system = System(config, ensure_default_model())
+        await self.system.start()
+        self.runner = web.AppRunner(build_app(self.system, config), handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.system.stop()
+        await self.runner.cleanup()
+
+
+async def stream_clients(url: str, prompts: list[str], max_tokens: int, disable_mtp: bool) -> Timing:
+    """One streaming chat client per prompt, all at once; token counts come from usage."""
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        results = await asyncio.gather(*(_client(http, url, p, max_tokens, disable_mtp) for p in prompts))
+    seconds = time.perf_counter() - started
+    return timing(sum(n for n, _ in results), seconds, [g for _, gaps in results for g in gaps])
+
+
+async def _client(http, url: str, prompt: str, max_tokens: int, disable_mtp: bool) -> tuple[int, list[float]]:
+    import msgspec
+
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "disable_mtp": disable_mtp}
+    arrivals, tokens = [], 0
+    async with http.post(url + "/v1/chat/completions", json=body) as r:
+        async for line in r.content:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = msgspec.json.decode(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"][0]["delta"].get("content"):
+                arrivals.append(time.perf_counter())
+    return tokens, [b - a for a, b in zip(arrivals, arrivals[1:])]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
