@@ -45,6 +45,7 @@ from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
 HEAD_WEIGHTS = "mtp_head.safetensors"
 HEAD_CONFIG = "mtp_head.json"
+SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained heads shipped as package data
 
 Module = Callable[[mx.array], mx.array]
 
@@ -165,10 +166,14 @@ class MTPHead(nn.Module):
         self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache
     ) -> mx.array:
         """Pairs (h_j, t_{j+1}) -> the head's normed outputs; hidden [1, L, d], tokens [1, L]."""
-        embedded = self.pre_fc_norm_embedding(embed(tokens))
-        x = self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
+        x = self.fuse(hidden, tokens, embed)
         x = self.layers[0](x, create_attention_mask(x, cache[0]), cache[0])
         return self.norm(x) if "norm" in self else final_norm(x)
+
+    def fuse(self, hidden: mx.array, tokens: mx.array, embed: Module) -> mx.array:
+        """The block's input: fc(concat(normed embedding of t_{j+1}, normed h_j))."""
+        embedded = self.pre_fc_norm_embedding(embed(tokens))
+        return self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
 
     def absorb(self, hidden, next_tokens, embed: Module, final_norm: Module, cache) -> None:
         """Feed exact pairs without drafting (after plain decode steps): keeps the cache in step."""
@@ -270,6 +275,11 @@ def save_mtp_head(head: MTPHead, directory: str | Path, dtype: mx.Dtype | None =
     mx.save_safetensors(str(directory / HEAD_WEIGHTS), tensors)
     (directory / HEAD_CONFIG).write_text(json.dumps(asdict(head.config), indent=2) + "\n")
     return directory
+
+
+def shipped_head_dir(name: str = "smollm2-135m-instruct") -> Path:
+    """The directory of a head shipped with metrale (the default model's by default)."""
+    return SHIPPED_HEADS / name
 
 
 def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:

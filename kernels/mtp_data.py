@@ -1,0 +1,212 @@
+"""Self-distillation data for an MTP head: the base model's own greedy answers and hidden states.
+
+For each instruction prompt (kernels/mtp_prompts.py) rendered with the chat template, the frozen
+base model answers greedily; every forward it runs anyway yields, per position t, the hidden state
+h_t after its final norm and its greedy next token g_t = argmax lm_head(h_t). A training pair at
+position t is (h_t, tokens[t+1]) -> target g_{t+1}: the head learns the base's own next-next token.
+On the answer tokens[t+1] == g_t, so these pairs are exactly what the head sees when serving.
+
+Storage: one safetensors shard per generation batch under the output directory (written
+atomically, so an interrupted run resumes at the next missing shard), plus recipe.json.
+    tokens  int32 [N]       all sequences concatenated (prompt + answer)
+    hidden  float16 [N, d]  h_t; the last token of each sequence has none (a zero row)
+    argmax  int32 [N]       g_t (-1 where there is no h_t)
+    starts  int32 [S+1]     sequence boundaries;  prompt_lens int32 [S]
+Run: `OPENBLAS_NUM_THREADS=1 python -m kernels.mtp_data --out ~/.cache/metrale/mtp/data`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache
+
+from kernels.mtp_prompts import build_prompts, recipe
+
+DEFAULT_MODEL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct-f32"
+DEFAULT_OUT = Path.home() / ".cache/metrale/mtp/data"
+
+
+@dataclass
+class Trace:
+    """One greedy run: tokens [T]; hidden [T, d] and argmax [T] valid for positions < T-1."""
+
+    tokens: list[int]
+    hidden: np.ndarray
+    argmax: np.ndarray
+    prompt_len: int
+
+
+def lm_head_of(model):
+    """The base model's output projection (tied embeddings: the embedding used as a linear)."""
+    if getattr(model.args, "tie_word_embeddings", True) and not hasattr(model, "lm_head"):
+        return model.model.embed_tokens.as_linear
+    return model.lm_head
+
+
+def load_tokenizer(model_dir: Path | str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def chat_ids(tokenizer, user_text: str) -> list[int]:
+    """A one-turn chat rendered with the model's template, encoded as the server encodes it."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=False
+    )
+    bos = tokenizer.bos_token
+    return tokenizer.encode(text, add_special_tokens=bos is None or not text.startswith(bos))
+
+
+def eos_ids(tokenizer, model_dir: Path | str) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos = json.loads((Path(model_dir) / "config.json").read_text()).get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return ids
+
+
+def _argmax_rows(lm_head, hidden: mx.array) -> mx.array:
+    # One row block at a time: [B, L, 49152] logits at once would take gigabytes.
+    return mx.stack([mx.argmax(lm_head(row), axis=-1) for row in hidden]).astype(mx.int32)
+
+
+def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[int],
+                    hidden_dtype: mx.Dtype = mx.float16) -> list[Trace]:
+    """Greedy answers for a batch of prompts (left-padded), keeping every h_t and g_t."""
+    lm_head, width = lm_head_of(model), len(prompts)
+    longest = max(len(p) for p in prompts)
+    pads = [longest - len(p) for p in prompts]
+    cache = [BatchKVCache(pads) for _ in model.model.layers]
+    batch = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)])
+    hidden = model.model(batch, cache=cache)
+    top = _argmax_rows(lm_head, hidden)
+    mx.eval(hidden, top)
+    hiddens = [[np.array(hidden[i, pads[i]:].astype(hidden_dtype))] for i in range(width)]
+    argmaxes = [[np.array(top[i, pads[i]:])] for i in range(width)]
+    answers: list[list[int]] = [[] for _ in range(width)]
+    active = list(range(width))
+    last = top[:, -1]
+    for _ in range(max_tokens):
+        emitted = last.tolist()
+        for row, token in zip(active, emitted):
+            answers[row].append(token)
+        keep = [i for i, (row, token) in enumerate(zip(active, emitted))
+                if token not in stop and len(answers[row]) < max_tokens]
+        if not keep:
+            break
+        if len(keep) < len(active):
+            # Finished rows leave the batch so they stop costing compute.
+            index = mx.array(keep)
+            for layer_cache in cache:
+                layer_cache.filter(index)
+            last, active = last[index], [active[i] for i in keep]
+        hidden = model.model(last[:, None], cache=cache)
+        last = mx.argmax(lm_head(hidden[:, 0]), axis=-1).astype(mx.int32)
+        mx.eval(hidden, last)
+        step_hidden = np.array(hidden[:, 0].astype(hidden_dtype))
+        for i, row in enumerate(active):
+            hiddens[row].append(step_hidden[i : i + 1])
+            argmaxes[row].append(np.array(last[i : i + 1]))
+    return [_trace(prompts[i], answers[i], hiddens[i], argmaxes[i]) for i in range(width)]
+
+
+def _trace(prompt, answer, hiddens, argmaxes) -> Trace:
+    tokens = list(prompt) + answer
+    hidden, top = np.concatenate(hiddens), np.concatenate(argmaxes)
+    # The last emitted token was never fed back, so it has no h_t: pad one empty row.
+    hidden = np.concatenate([hidden, np.zeros((1, hidden.shape[1]), hidden.dtype)])[: len(tokens)]
+    top = np.concatenate([top, np.array([-1], np.int32)])[: len(tokens)]
+    return Trace(tokens, hidden, top, len(prompt))
+
+
+def save_shard(traces: list[Trace], path: Path) -> None:
+    starts = np.cumsum([0] + [len(t.tokens) for t in traces]).astype(np.int32)
+    arrays = {
+        "tokens": np.concatenate([np.array(t.tokens, np.int32) for t in traces]),
+        "hidden": np.concatenate([t.hidden for t in traces]).astype(np.float16),
+        "argmax": np.concatenate([t.argmax for t in traces]).astype(np.int32),
+        "starts": starts,
+        "prompt_lens": np.array([t.prompt_len for t in traces], np.int32),
+    }
+    tmp = path.with_name(path.stem + ".tmp.safetensors")
+    mx.save_safetensors(str(tmp), {k: mx.array(v) for k, v in arrays.items()})
+    tmp.rename(path)  # atomic: a shard is either whole or absent
+
+
+def load_shards(directory: Path | str) -> list[dict[str, np.ndarray]]:
+    paths = sorted(Path(directory).glob("shard-*[0-9].safetensors"))
+    return [{k: np.array(v) for k, v in mx.load(str(p)).items()} for p in paths]
+
+
+def batches_of(prompts: list[list[int]], width: int) -> list[list[int]]:
+    """Prompt indices grouped by similar length (little padding), in a fixed order."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    return [order[i : i + width] for i in range(0, len(order), width)]
+
+
+def build(args: argparse.Namespace) -> None:
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    from kernels.loader import load
+
+    model = load(args.model).model
+    tokenizer = load_tokenizer(args.model)
+    prompts, ids = [], []
+    for prompt in build_prompts(args.prompts, args.seed):
+        encoded = chat_ids(tokenizer, prompt.text)
+        if len(encoded) <= args.max_prompt_tokens:  # long ones are dropped, never cut mid-template
+            prompts.append(prompt)
+            ids.append(encoded)
+    stop = eos_ids(tokenizer, args.model)
+    _write_recipe(out, args, prompts, ids)
+    # Batches run shortest prompts first; --max-shards keeps the first N (a time budget).
+    for number, batch in enumerate(batches_of(ids, args.batch)[: args.max_shards or None]):
+        path = out / f"shard-{number:05d}.safetensors"
+        if path.exists():
+            continue  # done by an earlier, interrupted run
+        started = time.perf_counter()
+        traces = generate_traces(model, [ids[i] for i in batch], args.max_tokens, stop)
+        save_shard(traces, path)
+        tokens = sum(len(t.tokens) for t in traces)
+        print(f"shard {number}: {len(batch)} seqs {tokens} tokens "
+              f"{time.perf_counter() - started:.1f}s", flush=True)
+
+
+def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:
+    record = {
+        "command": " ".join(["python -m kernels.mtp_data", *sys.argv[1:]]),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "prompts": recipe(),
+        "templates": sorted({p.template for p in prompts}),
+        "prompt_tokens": sum(len(i) for i in ids),
+        "generation": "chat template, greedy, left-padded batches, stop at EOS or max_tokens",
+    }
+    (out / "recipe.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "prompts.jsonl").write_text("".join(
+        json.dumps({"kind": p.kind, "template": p.template, "text": p.text}) + "\n" for p in prompts))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--max-prompt-tokens", type=int, default=480)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-shards", type=int, default=0, help="stop after N batches (0: all)")
+    build(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Acceptance of an MTP head by draft position, against the base model's own greedy continuation.
+
+At width 1 and temperature 0 the tokens a speculative run emits are exactly the base's greedy
+tokens, whatever is drafted, so acceptance can be measured by replay: run the base greedily once
+(keeping h_t at every position), then at every emitted token let the head draft k_max tokens from
+the exact pairs so far, as the drafter would, and compare them with what the base emitted next.
+Position i counts as accepted when drafts 1..i all match (greedy verification accepts a prefix).
+
+    report = measure_acceptance(model, head, prompts, k_max=4, max_tokens=128)
+    report.by_position  -> (a1, a2, a3, a4)   # a_i = P(drafts 1..i all accepted)
+Run `python -m kernels.mtp_eval --prompts tests/prompts/chat.jsonl` for a prompt set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+import numpy as np
+
+from kernels.mtp_data import chat_ids, generate_traces, lm_head_of
+from kernels.mtp_head import MTPHead
+
+
+@dataclass(frozen=True)
+class AcceptanceReport:
+    k_max: int
+    prompts: int
+    accepted: tuple[int, ...]  # accepted[i]: draft steps whose drafts 1..i+1 all matched
+    eligible: tuple[int, ...]  # eligible[i]: draft steps with at least i+1 tokens still to come
+
+    @property
+    def steps(self) -> int:
+        return self.eligible[0] if self.eligible else 0
+
+    @property
+    def by_position(self) -> tuple[float, ...]:
+        """a_i, the chance that drafts 1..i are all accepted, for i = 1..k_max."""
+        return tuple(a / e if e else 0.0 for a, e in zip(self.accepted, self.eligible))
+
+    def expected_accepted(self, k: int) -> float:
+        """Mean drafts accepted per verify step when drafting k: a_1 + ... + a_k."""
+        return float(sum(self.by_position[:k]))
+
+    def as_dict(self) -> dict:
+        return {"k_max": self.k_max, "prompts": self.prompts, "steps": self.steps,
+                "accepted": list(self.accepted), "eligible": list(self.eligible),
+                "by_position": [round(a, 4) for a in self.by_position]}
+
+
+def measure_acceptance(
+    model,
+    head: MTPHead,
+    prompts: Iterable[Sequence[int]],
+    k_max: int,
+    max_tokens: int,
+    *,
+    stop_ids: Iterable[int] = (),
+    batch: int = 1,
+) -> AcceptanceReport:
+    """Acceptance by draft position of `head` on the base `model` (an mlx-lm model).
+
+    prompts are token ids (already chat-templated); each runs greedily for up to max_tokens new
+    tokens, ending early at a stop id. batch > 1 runs the base on several prompts at once
+    (left-padded; same tokens, faster); drafting always replays one sequence at a time.
+    """
+    prompts = [list(p) for p in prompts]
+    accepted, eligible = np.zeros(k_max, np.int64), np.zeros(k_max, np.int64)
+    for start in range(0, len(prompts), batch):
+        traces = generate_traces(model, prompts[start : start + batch], max_tokens,
+                                 set(stop_ids), hidden_dtype=mx.float32)
+        for trace in traces:
+            a, e = replay(model, head, trace.tokens, trace.hidden, trace.prompt_len, k_max)
+            accepted, eligible = accepted + a, eligible + e
+    return AcceptanceReport(k_max, len(prompts), tuple(accepted.tolist()), tuple(eligible.tolist()))
+
+
+def replay(model, head: MTPHead, tokens: list[int], hidden: np.ndarray, prompt_len: int, k_max: int):
+    """Draft k_max tokens at every emitted token of one greedy run; (accepted, eligible) counts."""
+    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, lm_head_of(model)
+    h = mx.array(hidden)
+    cache = head.make_cache()
+    # The prompt's exact pairs (h_j, t_{j+1}) for j < P-1, as the drafter absorbs after prefill.
+    head.absorb(h[: prompt_len - 1], tokens[1:prompt_len], embed, final_norm, cache)
+    accepted, eligible = np.zeros(k_max, np.int64), np.zeros(k_max, np.int64)
+    for t in range(prompt_len - 1, len(tokens) - 2):
+        # tokens[t+1] was emitted from h_t; drafts guess tokens[t+2], tokens[t+3], ...
+        drafted = head.draft(h[t], [tokens[t + 1]], k_max, embed, final_norm, lm_head, cache).ids
+        upcoming = tokens[t + 2 : t + 2 + k_max]
+        eligible[: len(upcoming)] += 1
+        matched = 0
+        while matched < len(upcoming) and drafted[matched] == upcoming[matched]:
+            matched += 1
+        accepted[:matched] += 1
+    return accepted, eligible
+
+
+def draft_ms(model, head: MTPHead, k: int, context: int = 128, repeats: int = 20) -> float:
+    """Wall milliseconds of one drafting call (one new exact pair, then k drafts) after a
+    context of `context` pairs: the drafter's cost per verify step on this machine."""
+    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, lm_head_of(model)
+    dim = head.config.hidden_size
+    hidden = mx.random.normal((context + 1, dim), key=mx.random.key(0))
+    tokens = mx.random.randint(0, embed.weight.shape[0], (context + 1,), key=mx.random.key(1))
+    cache = head.make_cache()
+    head.absorb(hidden[:context], tokens[:context], embed, final_norm, cache)
+    samples = []
+    for _ in range(repeats + 2):  # the first two warm up
+        started = time.perf_counter()
+        head.draft(hidden[context], tokens[context:], k, embed, final_norm, lm_head, cache)
+        samples.append(time.perf_counter() - started)
+        for layer_cache in cache:
+            layer_cache.trim(1)  # back to the same context each time
+    return 1000 * float(np.median(samples[2:]))
+
+
+def load_prompt_set(path: str | Path, tokenizer) -> list[list[int]]:
+    """Token ids of a prompt set: JSON lines with a "prompt" (one user turn, chat-templated)."""
+    lines = Path(path).read_text().splitlines()
+    return [chat_ids(tokenizer, json.loads(line)["prompt"]) for line in lines if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from kernels.loader import load
+    from kernels.mtp_data import DEFAULT_MODEL, eos_ids, load_tokenizer
+    from kernels.mtp_head import load_mtp_head, shipped_head_dir
+
+    parser = argparse.ArgumentParser(description="MTP head acceptance by draft position")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--head", default=str(shipped_head_dir()))
+    parser.add_argument("--prompts", nargs="+", default=["tests/prompts/chat.jsonl", "tests/prompts/code.jsonl"])
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1)
+    args = parser.parse_args(argv)
+    model, tokenizer = load(args.model).model, load_tokenizer(args.model)
+    head = load_mtp_head(args.head)
+    for path in args.prompts:
+        report = measure_acceptance(model, head, load_prompt_set(path, tokenizer), args.k,
+                                    args.max_tokens, stop_ids=eos_ids(tokenizer, args.model),
+                                    batch=args.batch)
+        print(json.dumps({"set": Path(path).stem, **report.as_dict()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Train an MTP head on self-distillation data (kernels/mtp_data.py); the base model stays frozen.
+
+Each window of a sequence gives, at position j, the pair (h_j, tokens[j+1]) and the target
+g_{j+1}, the base's own greedy token after tokens[j+1]. Depths are unrolled as they run when
+drafting ("training-time test", as in EAGLE-3): pass p >= 1 feeds the previous pass's output at
+j-1 with tokens[j+1] (the token its draft must equal for the next one to matter) and attends to
+exact pairs up to j-p plus its own chain, so deeper drafts learn from the head's own states.
+The loss per depth is cross-entropy over the draft vocabulary plus, as in EAGLE, a regression of
+the head's output onto the base's own hidden state h_{j+1} (relative squared error): a dense
+signal (h_{j+1} carries the base's whole next distribution) that also keeps the head's output
+usable as the next depth's input. Depth p is weighted 1/(p+1); targets outside the draft
+vocabulary cannot be drafted and are left out of the loss (but count as misses).
+
+Checkpoints (head, optimizer state, step) are written atomically every few steps; rerunning the
+same command resumes from the last one. The finished head, its training record (train.json:
+command, data recipe, hyperparameters, validation accuracy) and the data recipe go to --out.
+  OPENBLAS_NUM_THREADS=1 python -m kernels.mtp_train --data ~/.cache/metrale/mtp/data \
+      --out ~/.cache/metrale/mtp/run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from kernels.mtp_batches import (
+    Batches, coverage, draft_index, frequent_tokens, sequences_from, split_sequences,
+)
+from kernels.mtp_data import DEFAULT_MODEL, load_shards
+from kernels.mtp_head import MTPConfig, MTPHead, init_draft_vocab, load_mtp_head, save_mtp_head
+
+
+class PassKeys:
+    """Stands in for a KVCache while training: each pass's keys join those of the passes before."""
+
+    offset = 0  # every pass runs over the same positions
+
+    def __init__(self):
+        self.keys, self.values = [], []
+
+    def update_and_fetch(self, keys, values):
+        self.keys.append(keys)
+        self.values.append(values)
+        return mx.concatenate(self.keys, axis=2), mx.concatenate(self.values, axis=2)
+
+
+def unrolled_mask(width: int, depth: int) -> mx.array:
+    """Keys pass `depth` sees at position j: exact pairs i <= j - depth, and the entry at
+    j - depth + q of each pass q in 1..depth (its own drafting chain, as in the head's cache)."""
+    j, i = mx.arange(width)[:, None], mx.arange(width)[None, :]
+    blocks = [i <= j - depth] + [i == j - depth + q for q in range(1, depth + 1)]
+    return mx.concatenate(blocks, axis=1)
+
+
+def unrolled_outputs(head: MTPHead, base, hidden: mx.array, tokens: mx.array, depths: int):
+    """The head's normed output at every position for each unrolled depth, [B, L, d] each."""
+    embed, final_norm = base.model.embed_tokens, base.model.norm
+    keys, outputs = PassKeys(), []
+    for depth in range(depths):
+        x = head.fuse(hidden, tokens, embed)
+        outputs.append(final_norm(head.layers[0](x, unrolled_mask(hidden.shape[1], depth), keys)))
+        # The next pass reads this pass's output one position back (a dummy at position 0).
+        hidden = mx.concatenate([mx.zeros_like(outputs[-1][:, :1]), outputs[-1][:, :-1]], axis=1)
+    return outputs
+
+
+def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
+                  feature_weight: float = 1.0):
+    """(weighted loss, per-depth correct counts, per-depth target counts)."""
+    targets, next_hidden = batch["targets"], batch["next_hidden"]
+    width = targets.shape[1]
+    total, correct, counted = mx.array(0.0), [], []
+    outputs = unrolled_outputs(head, base, batch["hidden"], batch["tokens"], depths)
+    for depth, out in enumerate(outputs):
+        logits = head.draft_lm_head(out)
+        # Pass `depth` starts at position j = depth; earlier positions hold dummy inputs.
+        defined = mx.arange(width)[None, :] >= depth
+        mask, present = batch["valid"] & defined, batch["present"] & defined
+        losses = nn.losses.cross_entropy(logits, mx.maximum(targets, 0), reduction="none")
+        cross_entropy = (losses * mask).sum() / mx.maximum(mask.sum(), 1)
+        error = (((out - next_hidden) ** 2).sum(-1) * present).sum()
+        scale = ((next_hidden**2).sum(-1) * present).sum()
+        total = total + (cross_entropy + feature_weight * error / mx.maximum(scale, 1e-6)) / (depth + 1)
+        correct.append(((mx.argmax(logits, axis=-1) == targets) & mask).sum())
+        counted.append(present.sum())
+    return total, mx.stack(correct), mx.stack(counted)
+
+
+def head_config(base_args, draft_vocab: int) -> MTPConfig:
+    return MTPConfig(
+        hidden_size=base_args.hidden_size,
+        num_attention_heads=base_args.num_attention_heads,
+        num_key_value_heads=base_args.num_key_value_heads,
+        intermediate_size=base_args.intermediate_size,
+        rms_norm_eps=base_args.rms_norm_eps,
+        rope_theta=base_args.rope_theta,
+        head_dim=getattr(base_args, "head_dim", None),
+        draft_vocab_size=draft_vocab,
+        vocab_size=base_args.vocab_size,
+    )
+
+
+def lm_weight(base) -> mx.array:
+    return base.lm_head.weight if "lm_head" in base else base.model.embed_tokens.weight
+
+
+def new_head(base, draft_ids: list[int], init: str, seed: int) -> MTPHead:
+    mx.random.seed(seed)
+    head = MTPHead(head_config(base.args, len(draft_ids)))
+    if init == "last-layer":
+        # The base's last block already turns a stream into next-token features: a warm start.
+        head.layers[0].update(base.model.layers[-1].parameters())
+    elif init == "identity":
+        # Start as "the head's output is h_t itself": fc passes the normed hidden half through
+        # and the block's residual branches start at zero, so logits start at the base's scale.
+        dim = head.config.hidden_size
+        head.fc.weight = mx.concatenate([mx.zeros((dim, dim)), mx.eye(dim)], axis=1)
+        block = head.layers[0]
+        block.self_attn.o_proj.weight = mx.zeros_like(block.self_attn.o_proj.weight)
+        block.mlp.down_proj.weight = mx.zeros_like(block.mlp.down_proj.weight)
+    init_draft_vocab(head, lm_weight(base), draft_ids)
+    return head
+
+
+def trainable(head: MTPHead, train_lm_head: bool) -> MTPHead:
+    head.unfreeze()
+    head.freeze(recurse=False, keys=["vocab_map"])
+    if not train_lm_head:
+        head.draft_lm_head.freeze()  # stays the base's own rows: drafts score like the target
+    return head
+
+
+def save_checkpoint(directory: Path, head: MTPHead, optimizer, step: int) -> None:
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_mtp_head(head, tmp)
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)  # a checkpoint is either whole or the previous one
+
+
+def load_checkpoint(directory: Path, optimizer) -> tuple[MTPHead, int]:
+    head = load_mtp_head(directory)
+    optimizer.state = tree_unflatten(list(mx.load(str(directory / "optimizer.safetensors")).items()))
+    return head, json.loads((directory / "step.json").read_text())["step"]
+
+
+def schedule(lr: float, steps: int, warmup: int):
+    warm = optim.linear_schedule(lr * 0.01, lr, max(1, warmup))
+    decay = optim.cosine_decay(lr, max(1, steps - warmup), lr * 0.05)
+    return optim.join_schedules([warm, decay], [warmup])
+
+
+def validate(head: MTPHead, base, batches: list[dict], depths: int) -> list[float]:
+    """Top-1 accuracy per depth on held-out windows (depth d given drafts 1..d-1 right)."""
+    correct = counted = 0
+    for batch in batches:
+        _, c, n = unrolled_loss(head, base, batch, depths)
+        correct, counted = correct + c, counted + n
+    return (correct / mx.maximum(counted, 1)).tolist()
+
+
+def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, args, log) -> MTPHead:
+    ckpt = Path(args.out).expanduser() / "checkpoint"
+    optimizer = optim.AdamW(schedule(args.lr, args.steps, args.warmup), weight_decay=args.weight_decay)
+    step = 0
+    if (ckpt / "step.json").exists():
+        head, step = load_checkpoint(ckpt, optimizer)
+        log({"event": "resumed", "step": step})
+    trainable(head, args.train_lm_head)
+    loss_and_grad = nn.value_and_grad(
+        head, lambda b: unrolled_loss(head, base, b, args.depths, args.feature_weight))
+    started = time.perf_counter()
+    last = min(args.steps, args.stop_after or args.steps)  # a run may stop early, to resume later
+    while step < last:
+        (loss, correct, counted), grads = loss_and_grad(train_batches.at(step))
+        grads, _ = optim.clip_grad_norm(grads, args.clip)
+        optimizer.update(head, grads)
+        mx.eval(head.parameters(), optimizer.state, loss)
+        step += 1
+        if step % args.log_every == 0:
+            log({"step": step, "loss": round(loss.item(), 4),
+                 "acc": [round(x, 3) for x in (correct / mx.maximum(counted, 1)).tolist()],
+                 "lr": round(optimizer.learning_rate.item(), 6),
+                 "s_per_step": round((time.perf_counter() - started) / args.log_every, 2)})
+            started = time.perf_counter()
+        if step % args.checkpoint_every == 0 or step == last:
+            save_checkpoint(ckpt, head, optimizer, step)
+        if step % args.eval_every == 0 or step == args.steps:
+            log({"step": step, "val_acc": [round(x, 4) for x in validate(head, base, val_batches, args.depths)]})
+    return head
+
+
+def run(args: argparse.Namespace, base=None) -> Path:
+    """Train (or resume) and write the head; base: the loaded model, else loaded from --model."""
+    from kernels.loader import load
+
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    logfile = (out / "train.log").open("a")
+
+    def log(record: dict) -> None:
+        line = json.dumps(record)
+        print(line, flush=True)
+        logfile.write(line + "\n")
+        logfile.flush()
+
+    base = base if base is not None else load(args.model).model
+    base.freeze()
+    seqs = sequences_from(load_shards(Path(args.data).expanduser()))
+    train_seqs, val_seqs = split_sequences(seqs)
+    vocab = base.args.vocab_size
+    draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
+    index = draft_index(draft_ids, vocab)
+    batches = Batches(train_seqs, index, args.window, args.batch, args.seed)
+    val = Batches(val_seqs, index, args.window, args.batch, args.seed).all()
+    log({"event": "data", "train_seqs": len(train_seqs), "val_seqs": len(val_seqs),
+         "train_windows": len(batches.windows), "steps_per_epoch": batches.steps_per_epoch,
+         "train_tokens": sum(len(s.tokens) for s in train_seqs),
+         "val_coverage": round(coverage(val_seqs, draft_ids), 4)})
+    head = train(base, batches, val, new_head(base, draft_ids, args.init, args.seed), args, log)
+    final = validate(head, base, val, args.depths)
+    save_mtp_head(head, out / "head", dtype=mx.float16)
+    _write_record(out, args, final, coverage(val_seqs, draft_ids), len(train_seqs))
+    return out / "head"
+
+
+def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, seqs: int) -> None:
+    data = Path(args.data).expanduser()
+    recipe = json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {}
+    record = {
+        "command": " ".join(["python -m kernels.mtp_train", *sys.argv[1:]]),
+        "hyperparameters": {k: v for k, v in vars(args).items() if k not in ("data", "out", "model")},
+        "data_recipe": recipe,
+        "train_sequences": seqs,
+        "validation": {"top1_by_depth": val_acc, "draft_vocab_coverage": val_coverage},
+    }
+    (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train an MTP head by self-distillation (frozen base).")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--data", default="~/.cache/metrale/mtp/data")
+    p.add_argument("--out", default="~/.cache/metrale/mtp/run")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--depths", type=int, default=3, help="draft depths unrolled in training")
+    p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
+    p.add_argument("--init", choices=["identity", "last-layer", "random"], default="identity")
+    p.add_argument("--train-lm-head", action="store_true")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-after", type=int, default=0, help="stop at this step (resume later)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=100)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    print(run(parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

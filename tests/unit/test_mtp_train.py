@@ -1,0 +1,157 @@
+"""MTP-head training on a tiny random model: unrolled depths match drafting, resume is exact,
+data shards, draft vocabulary, batches, and prompts kept apart from the held-out sets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from kernels.mtp_batches import (
+    Batches, coverage, draft_index, frequent_tokens, sequences_from, split_sequences, windows,
+)
+from kernels.mtp_data import generate_traces, load_shards, save_shard
+from kernels.mtp_head import HEAD_WEIGHTS, load_mtp_head
+from kernels.mtp_prompts import build_prompts
+from kernels.mtp_train import new_head, parser, run, unrolled_mask, unrolled_outputs
+from tests.tiny import tiny_llama
+
+VOCAB = 128
+PROMPTS = [[3, 17, 42, 9, 88, 5], [1, 2, 3, 4], [100, 7, 12, 64, 31], [5, 6, 7], [9, 8, 7, 6, 5, 4]]
+
+
+@pytest.fixture(scope="module")
+def base():
+    model = tiny_llama()
+    model.freeze()
+    return model
+
+
+@pytest.fixture(scope="module")
+def data_dir(base, tmp_path_factory):
+    """Two shards of greedy runs of the tiny model, as kernels.mtp_data writes them."""
+    directory = tmp_path_factory.mktemp("data")
+    for n, prompts in enumerate([PROMPTS * 2, PROMPTS[::-1] * 2]):
+        save_shard(generate_traces(base, prompts, 14, set()), directory / f"shard-{n:05d}.safetensors")
+    (directory / "recipe.json").write_text(json.dumps({"source": "tiny"}))
+    return directory
+
+
+def test_unrolled_mask_follows_the_drafting_cache():
+    width = 6
+    for depth in range(3):
+        mask = np.array(unrolled_mask(width, depth))
+        assert mask.shape == (width, width * (depth + 1))
+        for j in range(width):
+            exact = [i <= j - depth for i in range(width)]
+            chain = [[i == j - depth + q for i in range(width)] for q in range(1, depth + 1)]
+            assert mask[j].tolist() == exact + sum(chain, [])
+
+
+def test_unrolled_depths_equal_the_drafting_chain(base):
+    head = new_head(base, list(range(VOCAB)), "random", seed=3)
+    tokens = [3, 17, 42, 9, 88, 5, 61, 23, 100, 7]
+    hidden = base.model(mx.array([tokens]))[0]
+    pairs_h, pairs_t = hidden[None, :-1], mx.array([tokens[1:]])
+    outputs = unrolled_outputs(head, base, pairs_h, pairs_t, 3)
+    embed, norm = base.model.embed_tokens, base.model.norm
+    for j in (3, 6, 8):
+        # Drafting: exact pairs 0..j-2 in the cache, then the chain with the true tokens.
+        cache = head.make_cache()
+        h = head.forward(pairs_h[:, : j - 1], pairs_t[:, : j - 1], embed, norm, cache)[:, -1:]
+        np.testing.assert_allclose(np.array(h[0, 0]), np.array(outputs[0][0, j - 2]), atol=2e-4)
+        for depth in (1, 2):
+            position = j - 2 + depth
+            h = head.forward(h, pairs_t[:, position : position + 1], embed, norm, cache)
+            np.testing.assert_allclose(np.array(h[0, 0]), np.array(outputs[depth][0, position]),
+                                       atol=2e-4)
+
+
+def train_args(data_dir: Path, out: Path, steps: int, **extra) -> object:
+    argv = ["--data", str(data_dir), "--out", str(out), "--steps", str(steps), "--batch", "2",
+            "--window", "8", "--draft-vocab", "48", "--depths", "2", "--init", "random",
+            "--lr", "3e-3", "--warmup", "2", "--log-every", "1", "--checkpoint-every", "2",
+            "--eval-every", "100"]
+    return parser().parse_args(argv + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()])
+
+
+def logged(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train.log").read_text().splitlines()]
+
+
+def test_training_lowers_the_loss_and_records_itself(base, data_dir, tmp_path):
+    out = tmp_path / "run"
+    run(train_args(data_dir, out, 12), base=base)
+    losses = [r["loss"] for r in logged(out) if "loss" in r]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    record = json.loads((out / "train.json").read_text())
+    assert record["command"].startswith("python -m kernels.mtp_train")
+    assert record["hyperparameters"]["draft_vocab"] == 48 and record["data_recipe"] == {"source": "tiny"}
+    assert len(record["validation"]["top1_by_depth"]) == 2
+    stored = mx.load(str(out / "head" / HEAD_WEIGHTS))
+    assert stored["fc.weight"].dtype == mx.float16 and stored["vocab_map"].shape == (48,)
+    assert load_mtp_head(out / "head").config.vocab_size == VOCAB
+
+
+def test_an_interrupted_run_resumes_to_the_same_head(base, data_dir, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(train_args(data_dir, straight, 6), base=base)
+    run(train_args(data_dir, resumed, 6, stop_after=4), base=base)  # interrupted at step 4
+    run(train_args(data_dir, resumed, 6), base=base)
+    assert {"event": "resumed", "step": 4} in logged(resumed)
+    a = mx.load(str(straight / "checkpoint" / HEAD_WEIGHTS))
+    b = mx.load(str(resumed / "checkpoint" / HEAD_WEIGHTS))
+    for name in a:
+        np.testing.assert_allclose(np.array(a[name]), np.array(b[name]), atol=1e-6, err_msg=name)
+
+
+def test_shards_round_trip_and_pair_tokens_with_hidden_states(base, data_dir):
+    seqs = sequences_from(load_shards(data_dir))
+    assert len(seqs) == 4 * len(PROMPTS)
+    first = seqs[0]
+    assert first.tokens[: first.prompt_len].tolist() == PROMPTS[0]
+    # On the answer, the token after position t is the base's greedy token at t.
+    answer = range(first.prompt_len - 1, len(first.tokens) - 1)
+    assert all(first.argmax[t] == first.tokens[t + 1] for t in answer)
+    assert first.argmax[-1] == -1 and not first.hidden[-1].any()
+    hidden = base.model(mx.array([first.tokens.tolist()]))[0, :-1]
+    np.testing.assert_allclose(first.hidden[:-1].astype(np.float32), np.array(hidden), atol=2e-2)
+
+
+def test_frequent_tokens_rank_answers_then_fill_up(data_dir):
+    seqs = sequences_from(load_shards(data_dir))
+    ids = frequent_tokens(seqs, 48, VOCAB)
+    assert len(ids) == len(set(ids)) == 48
+    assert frequent_tokens(seqs, 48, VOCAB) == ids
+    assert coverage(seqs, frequent_tokens(seqs, VOCAB, VOCAB)) == 1.0
+    assert coverage(seqs, ids[:4]) <= coverage(seqs, ids)
+    index = draft_index(ids, VOCAB)
+    assert [index[t] for t in ids] == list(range(48))
+    assert (index >= 0).sum() == 48
+
+
+def test_windows_and_batches_are_fixed_by_seed(data_dir):
+    seqs = sequences_from(load_shards(data_dir))
+    train, val = split_sequences(seqs, every=5)
+    assert len(val) == len(seqs) // 5 and len(train) + len(val) == len(seqs)
+    assert all(2 <= length <= 8 for _, _, length in windows(train, 8))
+    index = draft_index(frequent_tokens(train, 48, VOCAB), VOCAB)
+    a, b = Batches(train, index, 8, 2, seed=1), Batches(train, index, 8, 2, seed=1)
+    for step in (0, 3, a.steps_per_epoch + 1):
+        x, y = a.at(step), b.at(step)
+        assert all(np.array_equal(np.array(x[k]), np.array(y[k])) for k in x)
+    batch = a.at(0)
+    assert batch["hidden"].shape[:2] == batch["targets"].shape == batch["valid"].shape
+
+
+def test_training_prompts_leave_the_held_out_sets_alone():
+    held_out = []
+    for name in ("chat", "code"):
+        path = Path(__file__).parents[1] / "prompts" / f"{name}.jsonl"
+        held_out += [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    training = [p.text for p in build_prompts(800, seed=0)]
+    assert len(training) == 800
+    assert not any(h in t or t in h for h in held_out for t in training)
