@@ -24,11 +24,13 @@ from runtime.messages import (
 class ModelOwner(Actor):
     name = "model_owner"
 
-    def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig()):
+    def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
+                 batched: bool = False):
         super().__init__(inbox_size=64)
         self.model_path = model_path
         self.prefill_step = prefill_step
         self.spec = spec
+        self.batched = batched  # mtp_batch: decoding sequences share one batch cache
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
         self.engine = None
         self.info: ModelInfo | None = None
@@ -53,7 +55,7 @@ class ModelOwner(Actor):
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head)
-        self.engine = Engine(loaded.model, self.prefill_step, drafter)
+        self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind)

@@ -1,43 +1,104 @@
-"""Batched steps for mtp_batch: plain rows and speculative rows of many sequences in one forward."""
+"""Batched steps for mtp_batch: one target forward over every sequence of the running batch.
+
+The batch keeps one left-padded BatchKVCache per layer (mlx-lm's layout: every row ends at the same
+index). A step feeds each row its last token plus its drafts, right-padded to the longest row.
+Rows then shed different numbers of entries (padding, rejected drafts): a ragged rollback, done as
+one trim by the common part and one per-row roll of the rest into the left padding.
+Sequences are prefilled alone and join the batch at its next step; ended ones are filtered out.
+"""
 
 from __future__ import annotations
 
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
-from kernels.batch_forward import forward_rows
 from kernels.sampling import probs_from_logits, sample
+
+
+class Batch:
+    def __init__(self):
+        self.ids: list[str] = []
+        self.cache: list[BatchKVCache] | None = None
+
+    def sync(self, engine, seq_ids: list[str]) -> None:
+        """Apply pending rollbacks, drop rows not asked for, add newly prefilled sequences."""
+        self._roll_back(engine)
+        wanted = set(seq_ids)
+        keep = [i for i, s in enumerate(self.ids) if s in wanted]
+        if len(keep) < len(self.ids):
+            self.ids = [self.ids[i] for i in keep]
+            if not keep:
+                self.cache = None
+            else:
+                for c in self.cache:
+                    c.filter(mx.array(keep))
+        new = [s for s in seq_ids if s not in self.ids]
+        if new:
+            layers = len(engine.seqs[new[0]].cache)
+            merged = [BatchKVCache.merge([engine.seqs[s].cache[i] for s in new]) for i in range(layers)]
+            if self.cache is None:
+                self.cache = merged
+            else:
+                for c, m in zip(self.cache, merged):
+                    c.extend(m)
+            for s in new:
+                engine.seqs[s].cache = None  # the batch owns its entries now
+            self.ids += new
+
+    def _roll_back(self, engine) -> None:
+        trims = [engine.seqs[s].pending_trim if s in engine.seqs else 0 for s in self.ids]
+        if not self.cache or not any(trims):
+            return
+        common = min(trims)
+        for c in self.cache:
+            if common:
+                c.trim(common)
+            if max(trims) > common:
+                c.prepare(right_padding=[t - common for t in trims])
+                c.finalize()
+        for s in self.ids:
+            if s in engine.seqs:
+                engine.seqs[s].pending_trim = 0
 
 
 def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int, list[int]]]:
     """rows: (seq_id, drafts, use_draft_probs); no drafts = a plain row. Returns (accepted, emitted)
-    per row. Plain rows are done; rows with drafts still need engine.rollback with their result."""
-    states = [engine.seqs[seq_id] for seq_id, _, _ in rows]
-    inputs = []
-    for state, (_, drafts, _) in zip(states, rows):
-        engine.settle(state)
-        tokens = state.last.astype(mx.uint32).reshape(-1)
-        if drafts:
-            tokens = mx.concatenate([tokens, mx.array(drafts, dtype=mx.uint32)])
-        inputs.append((tokens, state.cache))
-    logits, hidden = forward_rows(engine.model, inputs)
-    greedy_ids = {}
-    for i, (state, (tokens, _), (_, drafts, _)) in enumerate(zip(states, inputs, rows)):
-        state.length += tokens.shape[0]
+    per row. Rows with drafts are rolled back when engine.rollback reports their acceptance."""
+    batch = engine.batch
+    batch.sync(engine, [seq_id for seq_id, _, _ in rows])
+    by_id = {seq_id: (drafts, use_q) for seq_id, drafts, use_q in rows}
+    states = [engine.seqs[s] for s in batch.ids]
+    width = 1 + max(len(drafts) for drafts, _ in by_id.values())
+    inputs = [_row_tokens(state, by_id[s][0], width) for s, state in zip(batch.ids, states)]
+    hidden = engine.model.model(mx.stack(inputs), cache=batch.cache)
+    logits = _lm_head(engine.model, hidden)
+    greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+    mx.eval(greedy)
+    greedy_rows = greedy.tolist()
+    results = {}
+    for b, (seq_id, state) in enumerate(zip(batch.ids, states)):
+        drafts, use_q = by_id[seq_id]
+        used = len(drafts) + 1
+        state.length += used
+        state.pending_trim = width - used  # the padding goes at the next sync
         if engine.drafter is not None:
-            engine.drafter.verified(state, hidden[i]) if drafts else engine.drafter.fed(state, tokens, hidden[i])
-        if state.temperature == 0:
-            row = logits[i]
-            greedy_ids[i] = mx.argmax(row - mx.logsumexp(row, axis=-1, keepdims=True), axis=-1)
-    mx.eval(list(greedy_ids.values()))  # one sync for every greedy row
-    return [_accept(state, logits[i], greedy_ids.get(i), drafts, use_q)
-            for i, (state, (_, drafts, use_q)) in enumerate(zip(states, rows))]
+            row_hidden, row_tokens = hidden[b, :used], inputs[b][:used]
+            engine.drafter.verified(state, row_hidden) if drafts else engine.drafter.fed(state, row_tokens, row_hidden)
+        results[seq_id] = _accept(state, logits[b, :used], greedy_rows[b][:used], drafts, use_q)
+    return [results[seq_id] for seq_id, _, _ in rows]
 
 
-def _accept(state, logits: mx.array, greedy_ids, drafts: list[int], use_q: bool) -> tuple[int, list[int]]:
-    if greedy_ids is not None:
-        accepted, emitted = accept_greedy(greedy_ids.tolist(), drafts)
+def _row_tokens(state, drafts: list[int], width: int) -> mx.array:
+    last = state.last.astype(mx.uint32).reshape(-1)
+    pad = width - 1 - len(drafts)
+    return mx.concatenate([last, mx.array(drafts + [0] * pad, dtype=mx.uint32)]) if width > 1 else last
+
+
+def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], use_q: bool):
+    if state.temperature == 0:
+        accepted, emitted = accept_greedy(greedy_ids, drafts)
     elif drafts:
         p = probs_from_logits(logits, state.temperature, state.top_p)
         accepted, emitted = accept_drafts(p, drafts, state.draft_probs if use_q else None, state.next_key())
@@ -47,3 +108,9 @@ def _accept(state, logits: mx.array, greedy_ids, drafts: list[int], use_q: bool)
     if not drafts:
         state.last = mx.array(emitted, dtype=mx.uint32)
     return accepted, emitted
+
+
+def _lm_head(model, hidden: mx.array) -> mx.array:
+    if getattr(model, "lm_head", None) is not None:
+        return model.lm_head(hidden)
+    return model.model.embed_tokens.as_linear(hidden)

@@ -29,6 +29,7 @@ class SeqState:
     length: int = 0  # tokens in the KV cache
     drafter: dict = field(default_factory=dict)  # the drafter's own per-sequence state
     draft_probs: mx.array | None = None  # q of the last drafts (sampled drafting only)
+    pending_trim: int = 0  # entries a batch-resident sequence sheds at the batch's next sync
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -36,11 +37,15 @@ class SeqState:
 
 
 class Engine:
-    def __init__(self, model, prefill_step: int = 2048, drafter=None):
+    def __init__(self, model, prefill_step: int = 2048, drafter=None, batched: bool = False):
+        from kernels.batch_engine import Batch
+
         self.model = model
         self.prefill_step = prefill_step
         self.drafter = drafter  # a kernels.drafters drafter that runs on this thread, or None
         self.seqs: dict[str, SeqState] = {}
+        # mtp_batch: decoding sequences live in one batch cache; serial keeps one cache per sequence
+        self.batch = Batch() if batched else None
 
     # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
@@ -56,10 +61,10 @@ class Engine:
             mx.eval([c.state for c in state.cache])
             done += n
         y = self._step(state, prompt[done:])
-        return self._emit(state, y, lookahead)
+        return self._emit(state, y, lookahead and self.batch is None)
 
     def decode(self, seq_ids, lookahead) -> list[int]:
-        if len(seq_ids) > 1:  # a batch: one forward over every sequence, no lookahead
+        if self.batch is not None:  # one forward over every sequence, no lookahead
             from kernels.batch_engine import step_rows
 
             return [emitted[0] for _, emitted in step_rows(self, [(s, [], False) for s in seq_ids])]
@@ -122,6 +127,10 @@ class Engine:
 
     def verify(self, seq_id: str, drafts: list[int], use_draft_probs: bool) -> tuple[int, list[int]]:
         """One target forward over [last, d_1..d_K]; returns (accepted count, emitted tokens)."""
+        if self.batch is not None:
+            from kernels.batch_engine import step_rows
+
+            return step_rows(self, [(seq_id, drafts, use_draft_probs)])[0]
         state = self.seqs[seq_id]
         self.settle(state)
         tokens = mx.concatenate([state.last.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
@@ -136,14 +145,18 @@ class Engine:
     def rollback(self, seq_id: str, drafted: int, accepted: int, emitted: list[int]) -> None:
         """Trim every cache to the accepted prefix; the last emitted token becomes the next input."""
         state = self.seqs[seq_id]
-        self._trim(state, drafted - accepted)
+        if state.cache is None:  # batch-resident: trimmed with the others at the batch's next sync
+            state.pending_trim += drafted - accepted
+            state.length -= drafted - accepted
+        else:
+            self._trim(state, drafted - accepted)
         if self.drafter is not None:
             self.drafter.commit(state, drafted, accepted, emitted)
         state.last = mx.array(emitted[-1:], dtype=mx.uint32)
         state.draft_probs = None
 
     def _trim(self, state: SeqState, n: int) -> None:
-        if n > 0:
+        if n > 0 and state.cache is not None:
             for c in state.cache:
                 c.trim(n)
             state.length -= n

@@ -36,7 +36,8 @@ class System:
         if config.spec.drafter == "draft-model":
             check_same_tokenizer(self.codec, config.spec.draft_model)
         self.telemetry = Telemetry()
-        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec)
+        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec,
+                                         batched=config.scheduler.mode == "mtp_batch")
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
                                    self.telemetry, self.codec)

@@ -14,26 +14,26 @@ PROMPTS = [[5, 9, 5, 9, 5], [3, 7, 11, 13, 17, 19, 23, 3, 7], list(range(20, 50)
 N = 28  # tokens compared per prompt
 
 
-def plain(model, prompt):
+def plain(model, prompt, n=N):
     engine = Engine(model)
     out = [engine.prefill("p", prompt, 0.0, 1.0, None, True)]
-    while len(out) < N:
+    while len(out) < n:
         out += engine.decode(["p"], [True])
     return out
 
 
-def make_engine(kind, model):
+def make_engine(kind, model, batched=False):
     if kind == "draft-model":
-        return Engine(model, drafter=DraftModelDrafter(tiny_llama(seed=11)))
+        return Engine(model, drafter=DraftModelDrafter(tiny_llama(seed=11)), batched=batched)
     if kind == "self-draft":  # the target as its own draft model: every draft is accepted
-        return Engine(model, drafter=DraftModelDrafter(model))
+        return Engine(model, drafter=DraftModelDrafter(model), batched=batched)
     if kind == "mtp":
         mx.random.seed(5)
         head = MTPHead(MTPConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                  intermediate_size=128))
         mx.eval(head.parameters())
-        return Engine(model, drafter=MtpDrafter(head, model))
-    return Engine(model)
+        return Engine(model, drafter=MtpDrafter(head, model), batched=batched)
+    return Engine(model, batched=batched)
 
 
 def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False, oracle=None):
@@ -115,11 +115,13 @@ def test_batched_rows_equal_each_sequence_alone(kind):
     from kernels.batch_engine import step_rows
 
     model = tiny_llama(seed=4)
-    engine = make_engine(kind, model)
-    outs = {i: [engine.prefill(str(i), p, 0.0, 1.0, None, False)] for i, p in enumerate(PROMPTS)}
+    engine = make_engine(kind, model, batched=True)
+    outs = {i: [engine.prefill(str(i), p, 0.0, 1.0, None, False)] for i, p in enumerate(PROMPTS[:2])}
     step = 0
     while min(len(o) for o in outs.values()) < N:
         step += 1
+        if step == 5:  # a third sequence joins the running batch
+            outs[2] = [engine.prefill("2", PROMPTS[2], 0.0, 1.0, None, False)]
         rows = []
         for i, out in outs.items():
             k = (i + step) % 4  # 0: a plain row
@@ -130,5 +132,9 @@ def test_batched_rows_equal_each_sequence_alone(kind):
             if drafts:
                 engine.rollback(seq_id, len(drafts), accepted, emitted)
             outs[int(seq_id)] += emitted
+    engine.release("0")  # a sequence leaves; the others go on in a narrower batch
+    for _ in range(4):
+        for seq_id, (_, emitted) in zip(("1", "2"), step_rows(engine, [("1", [], False), ("2", [], False)])):
+            outs[int(seq_id)] += emitted
     for i, prompt in enumerate(PROMPTS):
-        assert outs[i][:N] == plain(model, prompt)[:N]
+        assert outs[i] == plain(model, prompt, len(outs[i]))
