@@ -183,6 +183,15 @@ def _cost(sample) -> Cost:
     return Cost(ms=sample.ms, joules=sample.joules)
 
 
+def quick_table(model_dir: Path, name: str, drafter: str, max_k: int) -> tuple[CostTable, Path]:
+    """A short width-1 calibration, saved to the cache folder, for a bench that finds no table."""
+    settings = Settings(widths=(1,), max_k=max_k, warmup=1, repeats=3, prompts=2, max_tokens=48)
+    path = table_path(name, drafter)
+    table = _measure(model_dir, name, drafter, None, settings)
+    save_table(table, path)
+    return table, path
+
+
 def progress_total(settings: Settings, prompts: int) -> int:
     """Progress units: every timed call (verify and draft cells), plus one per acceptance prompt."""
     depths = settings.max_k + 1
@@ -245,7 +254,7 @@ def _run(args) -> int:
     settings = settings_from(args)
     model_dir = _model_dir(args)
     name = model_id(model_dir)
-    drafter = _resolve_drafter(args.drafter, model_dir, args.mtp_head)
+    drafter = resolve_drafter(args.drafter, model_dir, args.mtp_head)
     out = Path(args.out).expanduser() if args.out else table_path(name, drafter, args.cache_dir)
     check_target(out, name, machine_id(), args.force)  # before minutes of measuring
     table = _measure(model_dir, name, drafter, args.mtp_head, settings)
@@ -266,7 +275,7 @@ def _model_dir(args) -> Path:
     return ensure_default_model(args.cache_dir)
 
 
-def _resolve_drafter(kind: str, model_dir: Path, mtp_head: str | None) -> str:
+def resolve_drafter(kind: str, model_dir: Path, mtp_head: str | None) -> str:
     from kernels.heads import find_mtp_head
 
     found = find_mtp_head(model_dir, mtp_head) is not None
@@ -300,9 +309,9 @@ def workload_from_text(codec, settings: Settings) -> Workload:
     from runtime.bench.spec import prompt_set
 
     sets = [prompt_set(name, 1000) for name in ("code", "chat")]
-    encoded = [codec.encode(codec.chat_text(_chat(text))) for texts in sets for text in texts]
+    encoded = [codec.encode(codec.chat_text(chat_messages(text))) for texts in sets for text in texts]
     stream = [t for ids in encoded for t in ids]
-    prompts = [codec.encode(codec.chat_text(_chat(t))) for texts in sets for t in texts[: settings.prompts]]
+    prompts = [codec.encode(codec.chat_text(chat_messages(t))) for texts in sets for t in texts[: settings.prompts]]
     return Workload(
         context=tuple(_cycle(stream, settings.context_tokens)),
         history=tuple(_cycle(stream, settings.history_tokens)),
@@ -310,7 +319,7 @@ def workload_from_text(codec, settings: Settings) -> Workload:
     )
 
 
-def _chat(text: str) -> tuple:
+def chat_messages(text: str) -> tuple:
     from runtime.messages import ChatMessage
 
     return (ChatMessage(role="user", content=text),)

@@ -1,0 +1,177 @@
+"""MLX side of `metrale calibrate`: time verify(n, K) and draft(n, K), and record drafts' acceptance.
+
+verify(n, K) is one target forward over [n, K+1] tokens on a batch KV cache holding n identical
+prompts (a fixed, realistic context): the K+1 new entries are trimmed after every timed call, so
+every repeat sees the same context. K = 0 is the plain step. draft(n, K) is the drafter's work for
+n sequences at depth K: n prompt lookups over a long history (n-gram, pure Python), or K head
+forwards at width n (MTP). All cells are timed round-robin (each repeat visits every cell in turn)
+so drift on a shared machine spreads over the whole table instead of skewing one row; each cell
+keeps the median wall ms and the median joules of its repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from kernels.ngram import propose_ngram
+from kernels.sampling import greedy, top1_logprob
+
+Probe = Callable[[], object]  # one timed unit of work
+Tick = Callable[[], None]  # progress: called once per timed call
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One cell's medians."""
+
+    ms: float
+    joules: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One speculative step of the acceptance run: draft confidences (may be empty), counts."""
+
+    confidences: tuple[float, ...]
+    drafted: int
+    accepted: int
+
+
+class VerifyProbe:
+    """n identical sequences of `context` tokens in one batch KV cache; verifies K drafts per row."""
+
+    def __init__(self, model, n: int, context: Sequence[int], max_k: int):
+        self.model, self.cache = model, make_prompt_cache(model)
+        rows = mx.array([list(context)] * n, dtype=mx.uint32)
+        model(rows, cache=self.cache)
+        mx.eval([(c.keys, c.values) for c in self.cache])
+        # Any ids do for the verified rows: cost depends on shapes, not on which tokens.
+        self.drafts = mx.array([list(context[: max_k + 1])] * n, dtype=mx.uint32)
+
+    def __call__(self, k: int) -> None:
+        logits = self.model(self.drafts[:, : k + 1], cache=self.cache)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as Engine.verify
+        mx.argmax(logprobs, axis=-1).tolist()
+        for c in self.cache:
+            c.trim(k + 1)
+
+
+class MtpDraftProbe:
+    """K chained head forwards at width n over a prefilled head cache, trimmed back after each call."""
+
+    def __init__(self, head, target, n: int, context: Sequence[int]):
+        inner = target.model
+        self.head, self.embed, self.norm = head, inner.embed_tokens, inner.norm
+        lm_head = getattr(target, "lm_head", None)
+        self.lm_head = lm_head if lm_head is not None else inner.embed_tokens.as_linear
+        tokens = mx.array([list(context)] * n, dtype=mx.int32)
+        hidden = inner(tokens)
+        self.cache = head.make_cache()
+        head.forward(hidden[:, :-1], tokens[:, 1:], self.embed, self.norm, self.cache)
+        self.hidden, self.token = hidden[:, -1:], tokens[:, -1:]
+        mx.eval(self.hidden, [(c.keys, c.values) for c in self.cache])
+
+    def __call__(self, k: int) -> None:
+        head = self.head
+        h = head.forward(self.hidden, self.token, self.embed, self.norm, self.cache)
+        ids, confidences = [], []
+        for depth in range(k):  # mirrors MTPHead.draft, one row per sequence
+            logits = head.draft_logits(h, self.lm_head)[:, -1]
+            confidences.append(top1_logprob(logits))
+            draft = greedy(logits)
+            ids.append(head.vocab_map[draft] if head.reduced else draft)
+            if depth + 1 < k:
+                h = head.forward(h, ids[-1][:, None], self.embed, self.norm, self.cache)
+        mx.eval(ids, confidences)
+        for c in self.cache:
+            c.trim(k)  # the new pair and the k-1 speculative positions
+
+
+def ngram_draft(history: Sequence[int], n: int) -> Callable[[int], None]:
+    """n prompt lookups at depth k over the same history: the n-gram drafter's work for a batch."""
+    tokens = list(history)
+
+    def draft(k: int) -> None:
+        for _ in range(n):
+            propose_ngram(tokens, k)
+
+    return draft
+
+
+def median_cells(
+    cells: dict[tuple[int, int], Probe], *, warmup: int, repeats: int, meter, tick: Tick
+) -> dict[tuple[int, int], Sample]:
+    """Median wall ms and joules per cell, repeats taken round-robin over the cells."""
+    keys = list(cells)
+    ms: dict = {key: [] for key in keys}
+    joules: dict = {key: [] for key in keys}
+    for round_ in range(warmup + repeats):
+        shift = round_ % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:  # rotate so no cell always follows the same one
+            before, started = meter.read(), time.perf_counter()
+            cells[key]()
+            elapsed = time.perf_counter() - started
+            if round_ >= warmup:
+                ms[key].append(elapsed * 1e3)
+                joules[key].append(meter.read().since(before))
+            tick()
+    return {k: Sample(statistics.median(ms[k]), statistics.median(joules[k])) for k in keys}
+
+
+def verify_cells(model, widths, depths, context, max_k) -> dict[tuple[int, int], Probe]:
+    probes = {n: VerifyProbe(model, n, context, max_k) for n in widths}
+    return {(n, k): _bind(probes[n], k) for n in widths for k in depths}
+
+
+def draft_cells(drafter: str, model, head, widths, depths, context, history):
+    """Probes for draft(n, K) at K >= 1 (depth 0 drafts nothing and costs nothing)."""
+    if drafter == "ngram":
+        probes = {n: ngram_draft(history, n) for n in widths}
+    elif drafter == "mtp":
+        probes = {n: MtpDraftProbe(head, model, n, context) for n in widths}
+    else:
+        raise ValueError(f"cannot calibrate drafter {drafter!r} (ngram or mtp)")
+    return {(n, k): _bind(probes[n], k) for n in widths for k in depths if k > 0}
+
+
+def _bind(probe, k: int) -> Probe:
+    return lambda: probe(k)
+
+
+def acceptance_steps(
+    engine, prompts: Sequence[Sequence[int]], *, drafter: str, k: int, max_tokens: int,
+    eos_ids, tick: Tick,
+) -> list[Step]:
+    """Greedy speculative generation at depth k on each prompt; one Step per verify."""
+    steps: list[Step] = []
+    for ids in prompts:
+        ids = list(ids)
+        out = [engine.prefill("calibrate", ids, 0.0, 1.0, None, False)]
+        while len(out) < max_tokens and out[-1] not in eos_ids:
+            want = min(k, max_tokens - len(out) - 1)
+            drafts, confidences = _drafts(engine, drafter, ids + out, want)
+            if not drafts:
+                out += engine.decode(["calibrate"], [False])
+                continue
+            accepted, emitted = engine.verify("calibrate", drafts, False)
+            engine.rollback("calibrate", len(drafts), accepted, emitted)
+            steps.append(Step(tuple(confidences), len(drafts), accepted))
+            out += emitted
+        engine.release("calibrate")
+        tick()
+    return steps
+
+
+def _drafts(engine, drafter: str, history: list[int], want: int) -> tuple[list[int], list[float]]:
+    if want < 1:
+        return [], []
+    if drafter == "ngram":
+        return propose_ngram(history, want), []  # n-gram drafts carry no confidence
+    return engine.propose("calibrate", want)

@@ -1,0 +1,98 @@
+"""metrale bench planner's comparison logic on a synthetic table (no model), and its lockstep decode
+on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.bench.planner import PLANNER, Totals, choose_depth, compare, planner_rows, report
+from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
+from runtime.plan import expected_tokens
+
+META = TableMeta(model_id="m", drafter="ngram", machine="x", dtype="float32", blas="openblas",
+                 energy_source="cpu_proxy", watts_per_core=10.0, date="2026-11-29T00:00:00+00:00")
+# DESIGN.md's measured verify costs on this machine: 1.14x / 1.19x / 1.31x / 1.50x a plain step.
+VERIFY_MS = {0: 58.0, 1: 66.1, 2: 69.0, 3: 72.0, 4: 76.0, 5: 79.0, 6: 82.0, 7: 85.0, 8: 87.0}
+PRIOR = (0.6, 0.5, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3)
+
+
+def synthetic_table(prior=PRIOR):
+    return make_table(
+        meta=META, widths=(1,), depths=tuple(VERIFY_MS),
+        verify=lambda n, k: Cost(ms=VERIFY_MS[k], joules=VERIFY_MS[k] / 50),
+        draft=lambda n, k: Cost(ms=0.02 * k, joules=0.0004 * k),
+        calibration=AcceptanceCalibration(by_depth=prior),
+    )
+
+
+def expected_totals(table, planner_k, steps=100):
+    """What the bench would measure if the machine behaved exactly as the table says."""
+    totals = {}
+    for k in table.depths:
+        cost = table.step_cost(1, k)
+        tokens = round(steps * expected_tokens(table.calibration.by_depth[:k]))
+        totals[k] = Totals(tokens, steps * cost.ms / 1e3, steps * cost.joules)
+    totals[PLANNER] = Totals(totals[planner_k].tokens, totals[planner_k].seconds, totals[planner_k].joules)
+    return totals
+
+
+def test_the_planner_on_its_own_table_matches_the_oracle():
+    table = synthetic_table()
+    choice = choose_depth(table, n=1, slack=0.1, max_k=8, mtp_max_seqs=32)
+    verdict = compare(expected_totals(table, choice.depth), choice.depth, slack=0.1)
+    assert choice.depth == verdict.oracle_k > 0
+    assert verdict.tpj_ratio == pytest.approx(1.0) and verdict.passed
+    assert "PASS" in report("code", expected_totals(table, choice.depth), verdict)
+
+
+def test_over_the_cap_the_planner_does_not_draft():
+    choice = choose_depth(synthetic_table(), n=64, slack=0.1, max_k=8, mtp_max_seqs=32)
+    assert (choice.depth, choice.reason) == (0, "over_cap")
+
+
+def test_a_planner_trailing_the_oracle_by_more_than_five_percent_fails():
+    totals = expected_totals(synthetic_table(), 3)
+    best = max((k for k in totals if k != PLANNER), key=lambda k: totals[k].tok_j)
+    totals[PLANNER] = Totals(totals[best].tokens, totals[best].seconds, totals[best].joules * 1.06)
+    verdict = compare(totals, 3, slack=0.1)
+    assert verdict.tpj_ratio == pytest.approx(1 / 1.06) and not verdict.passed
+
+
+def test_a_planner_within_tpj_but_slower_than_the_slack_fails():
+    totals = {0: Totals(100, 10.0, 100.0), 1: Totals(100, 5.0, 100.0), PLANNER: Totals(100, 8.0, 100.0)}
+    verdict = compare(totals, 0, slack=0.1)
+    assert verdict.oracle_k == 0  # equal tokens per joule: the tie keeps the shallower K
+    assert verdict.tpj_ratio == 1.0 and verdict.tps_ratio == pytest.approx(1.25) and verdict.passed
+    totals[0] = Totals(100, 5.0, 100.0)
+    verdict = compare(totals, 0, slack=0.1)
+    assert verdict.tps_ratio == pytest.approx(0.625) and not verdict.passed
+
+
+def test_totals_add_up_by_position():
+    t = Totals()
+    t.add(10, 1.0, 2.0, [3, 2], [2, 1])
+    t.add(5, 1.0, 3.0, [1, 1, 1], [1, 0, 0])
+    assert (t.tokens, t.tok_s, t.tok_j) == (15, 7.5, 3.0)
+    assert (t.drafted, t.accepted) == ([4, 3, 1], [3, 1, 0])
+
+
+def test_planner_rows_verify_at_least_one_and_at_most_the_drafts():
+    rows = planner_rows(synthetic_table(), 4)
+    assert all(1 <= rows([], count) <= count for count in range(1, 5))
+
+
+def test_lockstep_configurations_emit_plain_decodes_tokens():
+    from kernels.engine import Engine
+    from kernels.planner_bench import Config, lockstep
+    from runtime.energy import CpuProxyMeter
+    from tests.tiny import tiny_llama
+
+    engine = Engine(tiny_llama(seed=5))
+    configs = [Config("0", 0), Config("2", 2), Config("4", 4), Config(PLANNER, 4, lambda c, n: 1)]
+    prompt = [7, 8, 9, 10] * 6
+    runs = lockstep(engine, prompt, configs, drafter="ngram", max_tokens=20, eos_ids=frozenset(),
+                    meter=CpuProxyMeter(10.0))
+    assert len({tuple(r.tokens) for r in runs.values()}) == 1
+    assert all(r.decoded == 19 and r.seconds > 0 for r in runs.values())
+    assert max(runs[PLANNER].drafted[1:], default=0) == 0  # the rows callback verified one draft
+    assert engine.seqs == {}
