@@ -1,6 +1,6 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, Decode, Propose, VerifyDrafts, VerifyBatch (asks: replies Prefilled, Decoded,
+Receives Prefill, PrefillMany, Decode, Propose, VerifyDrafts, VerifyBatch (asks: replies Prefilled, Decoded,
 Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
@@ -16,7 +16,7 @@ from typing import Any, assert_never
 from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
-    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, Propose, Release, Rollback, Verified,
+    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, PrefillMany, Propose, Release, Rollback, Verified,
     VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
@@ -63,10 +63,12 @@ class ModelOwner(Actor):
     async def teardown(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback) -> Any:
+    async def handle(self, msg: Prefill | PrefillMany | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
+            case PrefillMany():
+                return await self.on_thread(self._prefill_many, msg)
             case Decode():
                 return await self.on_thread(self._decode, msg)
             case Propose():
@@ -88,6 +90,14 @@ class ModelOwner(Actor):
         p = msg.params
         token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, msg.lookahead)
         return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
+
+    def _prefill_many(self, msg: PrefillMany) -> tuple[Prefilled, ...]:
+        started = time.perf_counter()
+        items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed)
+                 for m in msg.items]
+        tokens = self.engine.prefill_many(items)
+        seconds = time.perf_counter() - started
+        return tuple(Prefilled(seq_id=m.seq_id, token=t, seconds=seconds) for m, t in zip(msg.items, tokens))
 
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()

@@ -15,7 +15,8 @@ from typing import assert_never
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, Failed, Finished, Prefill, Release,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, Failed, Finished, Prefill, PrefillMany,
+    Release,
     Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
 )
 from runtime.modes import SchedulerMode
@@ -65,8 +66,10 @@ class Scheduler(Actor):
                 assert_never(msg)
 
     async def step(self) -> None:
-        for seq in self.mode.admit(self.waiting, self.active):
-            await self.prefill(seq)
+        admitted = self.mode.admit(self.waiting, self.active)
+        group = self.mode.prefill_group
+        for start in range(0, len(admitted), group):
+            await self.prefill(admitted[start:start + group])
         batch = self.mode.decode_batch(self.active)
         if not batch:
             return
@@ -83,27 +86,32 @@ class Scheduler(Actor):
                 "active": len(self.active), "speculation": self.policy.snapshot(), **self.mode.describe()}
 
     # --- work ------------------------------------------------------------------------------------
-    async def prefill(self, seq: Sequence) -> None:
-        seq.move(Status.PREFILLING)
-        self.active[seq.request_id] = seq
-        log = self.log.bind(request_id=seq.request_id)
+    async def prefill(self, seqs: list[Sequence]) -> None:
+        """Prefill new sequences (together in one forward where the mode batches) and emit their first token."""
+        for seq in seqs:
+            seq.move(Status.PREFILLING)
+            self.active[seq.request_id] = seq
+        commands = tuple(Prefill(seq_id=s.request_id, prompt_ids=s.prompt_ids, params=s.params,
+                                 lookahead=self.mode.lookahead and s.params.max_tokens > 1) for s in seqs)
         try:
-            reply = await self.owner.ask(Prefill(seq_id=seq.request_id, prompt_ids=seq.prompt_ids,
-                                                 params=seq.params,
-                                                 lookahead=self.mode.lookahead and seq.params.max_tokens > 1))
+            replies = (await self.owner.ask(commands[0]),) if len(commands) == 1 else \
+                await self.owner.ask(PrefillMany(items=commands))
         except ActorFailure as e:
-            await self.fail(seq, e)
+            for seq in seqs:
+                await self.fail(seq, e)
             return
-        seq.move(Status.DECODING)
-        log.info("prefilled", prompt_tokens=len(seq.prompt_ids), seconds=round(reply.seconds, 4),
-                 queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
-        await self.telemetry.tell(Sample(name="prefill_seconds", value=reply.seconds, kind="observe"))
-        await self.emit(seq, [reply.token])
+        for seq, reply in zip(seqs, replies):
+            seq.move(Status.DECODING)
+            self.log.info("prefilled", request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids),
+                          seconds=round(reply.seconds, 4), together=len(seqs),
+                          queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
+            await self.telemetry.tell(Sample(name="prefill_seconds", value=reply.seconds, kind="observe"))
+            await self.emit(seq, [reply.token])
 
     async def plain_step(self, batch: list[Sequence]) -> None:
         ids = tuple(s.request_id for s in batch)
         # Lookahead pays on the serial path only; a batch step already overlaps many sequences.
-        ahead = self.mode.lookahead and len(batch) == 1 and not self.waiting and self.policy.next_is_plain(batch)
+        ahead = self.mode.lookahead and not self.waiting and self.policy.next_is_plain(batch)
         started = time.perf_counter()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))

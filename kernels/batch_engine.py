@@ -21,10 +21,14 @@ class Batch:
     def __init__(self):
         self.ids: list[str] = []
         self.cache: list[BatchKVCache] | None = None
+        self.incoming: list[tuple[list[str], list[BatchKVCache]]] = []  # prefilled together, not joined yet
 
     def sync(self, engine, seq_ids: list[str]) -> None:
         """Apply pending rollbacks, drop rows not asked for, add newly prefilled sequences."""
         self._roll_back(engine)
+        for ids, cache in self.incoming:
+            self._join(ids, cache)
+        self.incoming = []
         wanted = set(seq_ids)
         keep = [i for i, s in enumerate(self.ids) if s in wanted]
         if len(keep) < len(self.ids):
@@ -35,17 +39,19 @@ class Batch:
                 for c in self.cache:
                     c.filter(mx.array(keep))
         new = [s for s in seq_ids if s not in self.ids]
-        if new:
+        if new:  # prefilled alone, each with its own cache
             layers = len(engine.seqs[new[0]].cache)
-            merged = [BatchKVCache.merge([engine.seqs[s].cache[i] for s in new]) for i in range(layers)]
-            if self.cache is None:
-                self.cache = merged
-            else:
-                for c, m in zip(self.cache, merged):
-                    c.extend(m)
+            self._join(new, [BatchKVCache.merge([engine.seqs[s].cache[i] for s in new]) for i in range(layers)])
             for s in new:
                 engine.seqs[s].cache = None  # the batch owns its entries now
-            self.ids += new
+
+    def _join(self, ids: list[str], cache: list[BatchKVCache]) -> None:
+        if self.cache is None:
+            self.cache = cache
+        else:
+            for c, other in zip(self.cache, cache):
+                c.extend(other)
+        self.ids += ids
 
     def _roll_back(self, engine) -> None:
         trims = [engine.seqs[s].pending_trim if s in engine.seqs else 0 for s in self.ids]
@@ -73,7 +79,7 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     width = 1 + max(len(drafts) for drafts, _ in by_id.values())
     inputs = [_row_tokens(state, by_id[s][0], width) for s, state in zip(batch.ids, states)]
     hidden = engine.model.model(mx.stack(inputs), cache=batch.cache)
-    logits = _lm_head(engine.model, hidden)
+    logits = lm_head(engine.model, hidden)
     greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
     mx.eval(greedy)
     greedy_rows = greedy.tolist()
@@ -110,7 +116,7 @@ def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], u
     return accepted, emitted
 
 
-def _lm_head(model, hidden: mx.array) -> mx.array:
+def lm_head(model, hidden: mx.array) -> mx.array:
     if getattr(model, "lm_head", None) is not None:
         return model.lm_head(hidden)
     return model.model.embed_tokens.as_linear(hidden)

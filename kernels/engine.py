@@ -63,6 +63,12 @@ class Engine:
         y = self._step(state, prompt[done:])
         return self._emit(state, y, lookahead and self.batch is None)
 
+    def prefill_many(self, items) -> list[int]:
+        """mtp_batch: prefill several sequences in one forward; they join the batch at its next step."""
+        from kernels.batch_prefill import prefill_rows
+
+        return prefill_rows(self, items)
+
     def decode(self, seq_ids, lookahead) -> list[int]:
         if self.batch is not None:  # one forward over every sequence, no lookahead
             from kernels.batch_engine import step_rows

@@ -129,6 +129,12 @@ class Prefill(_Msg, frozen=True):
     lookahead: bool = True
 
 
+class PrefillMany(_Msg, frozen=True):
+    """Prefill several sequences in one forward (mtp_batch); replies one Prefilled each."""
+
+    items: tuple[Prefill, ...]
+
+
 class Decode(_Msg, frozen=True):
     """One plain step for each sequence; lookahead lets the owner start the next step early."""
 
@@ -215,7 +221,7 @@ class Rollback(_Msg, frozen=True):
     emitted: tuple[int, ...]
 
 
-OwnerCommand = Prefill | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
+OwnerCommand = Prefill | PrefillMany | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ class SchedulerMode(Protocol):
     name: str
     lookahead: bool
     batch_wait_s: float
+    prefill_group: int
 
     def admit(self, waiting: deque[Sequence], active: dict[str, Sequence]) -> list[Sequence]: ...
 
@@ -40,6 +41,7 @@ class SerialMode:
     name = "serial"
     lookahead = True
     batch_wait_s = 0.0
+    prefill_group = 1
 
     def __init__(self):
         self.steps: Counter[str] = Counter()
@@ -61,7 +63,8 @@ class MtpBatchMode:
     """Continuous batching: every decoding request steps in one batch; new ones join between steps."""
 
     name = "mtp_batch"
-    lookahead = True  # used only while the batch is a single sequence with nobody waiting
+    lookahead = False  # the batch cache takes every decoding sequence
+    prefill_group = 8  # new requests prefill together, up to this many per forward
 
     def __init__(self, max_active: int, batch_wait_ms: float):
         self.max_active, self.batch_wait_s = max_active, batch_wait_ms / 1000.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from runtime.actor import Actor
-from runtime.messages import Decode, Decoded, Prefill, Prefilled, Release
+from runtime.messages import Decode, Decoded, Prefill, Prefilled, PrefillMany, Release
 
 EOS = 0
 
@@ -38,6 +38,7 @@ class ScriptedOwner(Actor):
         self.scripts, self.fail_on, self.step_delay = scripts or {}, set(fail_on), step_delay
         self.positions: dict[str, int] = {}
         self.released: list[str] = []
+        self.prefill_groups: list[int] = []
         self.info = None
 
     def _next(self, seq_id: str) -> int:
@@ -54,6 +55,9 @@ class ScriptedOwner(Actor):
         match msg:
             case Prefill():
                 return Prefilled(seq_id=msg.seq_id, token=self._next(msg.seq_id), seconds=0.0)
+            case PrefillMany():
+                self.prefill_groups.append(len(msg.items))
+                return tuple(Prefilled(seq_id=m.seq_id, token=self._next(m.seq_id), seconds=0.0) for m in msg.items)
             case Decode():
                 return Decoded(tokens=tuple(self._next(s) for s in msg.seq_ids), seconds=0.001)
             case Release():

@@ -57,6 +57,7 @@ async def test_joining_leaving_and_mixed_rows_keep_every_script():
     assert done["c"].usage.speculation.verify_steps == 0  # its rows were plain inside batched steps
     assert done["a"].usage.speculation.verify_steps > 0
     assert max(owner.batches) >= 3
+    assert owner.prefill_groups and max(owner.prefill_groups) >= 2  # a, b and c arrived together
     stats = scheduler.describe()["mtp_batch"]
     assert stats["rows_verified"] > 0 and max(stats["batch_width_histogram"]) >= 3
     for actor in reversed(actors):

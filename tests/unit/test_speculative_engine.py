@@ -116,7 +116,8 @@ def test_batched_rows_equal_each_sequence_alone(kind):
 
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    outs = {i: [engine.prefill(str(i), p, 0.0, 1.0, None, False)] for i, p in enumerate(PROMPTS[:2])}
+    firsts = engine.prefill_many([(str(i), p, 0.0, 1.0, None) for i, p in enumerate(PROMPTS[:2])])
+    outs = {i: [first] for i, first in enumerate(firsts)}
     step = 0
     while min(len(o) for o in outs.values()) < N:
         step += 1
