@@ -4,9 +4,9 @@ verify(n, K) is one target forward over [n, K+1] tokens on a batch KV cache hold
 prompts (a fixed, realistic context): the K+1 new entries are trimmed after every timed call, so
 every repeat sees the same context. K = 0 is the plain step. draft(n, K) is the drafter's work for
 n sequences at depth K: n prompt lookups over a long history (n-gram, pure Python), or K head
-forwards at width n (MTP). All cells are timed round-robin (each repeat visits every cell in turn)
-so drift on a shared machine spreads over the whole table instead of skewing one row; each cell
-keeps the median wall ms and the median joules of its repeats.
+forwards at width n (MTP). A width's cells are timed round-robin (each repeat visits every depth in
+turn), so drift on a shared machine hits all depths alike instead of skewing one; each cell keeps
+the median wall ms and the median joules of its repeats.
 """
 
 from __future__ import annotations
@@ -108,12 +108,21 @@ def ngram_draft(history: Sequence[int], n: int) -> Callable[[int], None]:
 def median_cells(
     cells: dict[tuple[int, int], Probe], *, warmup: int, repeats: int, meter, tick: Tick
 ) -> dict[tuple[int, int], Sample]:
-    """Median wall ms and joules per cell, repeats taken round-robin over the cells."""
+    """Median wall ms and joules per (width, depth) cell. Repeats go round-robin over one width's
+    depths at a time: the planner compares depths at a width, so those share the same load."""
+    out: dict[tuple[int, int], Sample] = {}
+    for width in sorted({n for n, _ in cells}):
+        row = {key: probe for key, probe in cells.items() if key[0] == width}
+        out.update(_round_robin(row, warmup, repeats, meter, tick))
+    return out
+
+
+def _round_robin(cells: dict, warmup: int, repeats: int, meter, tick: Tick) -> dict:
     keys = list(cells)
     ms: dict = {key: [] for key in keys}
     joules: dict = {key: [] for key in keys}
     for round_ in range(warmup + repeats):
-        shift = round_ % len(keys) if keys else 0
+        shift = round_ % len(keys)
         for key in keys[shift:] + keys[:shift]:  # rotate so no cell always follows the same one
             before, started = meter.read(), time.perf_counter()
             cells[key]()

@@ -29,6 +29,7 @@ from runtime.cost_table import (
 )
 
 SHIPPED_DIR = CONFIG_DIR / "calibration"  # example tables measured on the CI machines
+_PSEUDO_TRIALS = 2  # shrinkage of each depth's acceptance toward the depth before it
 
 
 class CalibrateError(Exception):
@@ -104,8 +105,9 @@ def powers_of_two(cap: int) -> tuple[int, ...]:
 def fit_calibration(steps: Sequence, max_k: int, bins: int = 8) -> AcceptanceCalibration:
     """by_depth[t-1] = P(draft t accepted | drafts 1..t-1 accepted); confidence knots likewise.
 
-    steps: objects with confidences, drafted and accepted (kernels.calibrate.Step). A depth never
-    reached repeats the one before it (no evidence that it differs).
+    steps: objects with confidences, drafted and accepted (kernels.calibrate.Step). Deep drafts are
+    rarely reached, so each depth past the first adds _PSEUDO_TRIALS trials at the rate of the depth
+    before it: 2 hits in 2 tries at depth 7 must not read as certainty (the planner would chase it).
     """
     trials, hits = [0] * max_k, [0] * max_k
     pairs: list[tuple[float, bool]] = []
@@ -117,8 +119,9 @@ def fit_calibration(steps: Sequence, max_k: int, bins: int = 8) -> AcceptanceCal
             if t < len(step.confidences):
                 pairs.append((step.confidences[t], accepted))
     by_depth: list[float] = []
-    for t in range(max_k if any(trials) else 0):
-        by_depth.append(hits[t] / trials[t] if trials[t] else (by_depth[-1] if by_depth else 0.0))
+    for t in range(max_k if trials[0] else 0):
+        prior, weight = (by_depth[-1], _PSEUDO_TRIALS) if by_depth else (0.0, 0)
+        by_depth.append((hits[t] + weight * prior) / (trials[t] + weight))
     confidence, acceptance = _knots(pairs, bins)
     return AcceptanceCalibration(confidence=confidence, acceptance=acceptance, by_depth=tuple(by_depth))
 

@@ -1,10 +1,11 @@
 """metrale bench planner: the measured planner's depth against the best fixed depth, same run.
 
-On the default model at width 1, greedy, on held-out prompts (calibration uses each set's first
-prompts; this bench starts at --offset), every fixed K in 0..max_k and the planner run back to
-back per prompt, in an order rotated per prompt so machine drift hits all alike. The planner is
-run as it serves: propose_depth on the calibrated table and prior (slack --slack, cap
---mtp-max-seqs) picks K, then sequence_depths picks how many of each step's drafts to verify.
+On the default model, greedy, on held-out prompts (calibration uses each set's first prompts; this
+bench starts at --offset), at each --widths n (1 steps the serial engine; wider groups step one
+batch, as mtp_batch does), every fixed K in 0..max_k and the planner decode the same prompts in
+lockstep (kernels/planner_bench.py), so they share the machine's load step by step. The planner
+runs as it serves: propose_depth on the calibrated table and prior (slack --slack, cap
+--mtp-max-seqs) picks K, then sequence_depths picks how many of each sequence's drafts to verify.
 The oracle is the fixed K with the best measured tokens per joule; the planner passes when its
 tokens per joule is within 5% of the oracle's and its tok/s within the slack of the oracle's.
 Joules come from runtime/energy.py (the CPU-seconds proxy where no counter exists; printed).
@@ -23,8 +24,6 @@ from runtime.plan import DepthChoice, propose_depth, sequence_depths
 
 TPJ_TOLERANCE = 0.05  # the planner's tokens per joule may trail the oracle's by this much
 PLANNER = "planner"
-MTP_BATCH_NOTE = ("widths: 1 only. mtp_batch (batched speculation) does not exist yet "
-                  "(scheduler modes available: serial), so there is no wider width to measure")
 
 
 @dataclass
@@ -78,13 +77,14 @@ def choose_depth(table: CostTable, *, n: int, slack: float, max_k: int, mtp_max_
                          slack=slack, mtp_max_seqs=mtp_max_seqs)
 
 
-def planner_rows(table: CostTable, depth: int):
-    """What the scheduler asks after drafting (one sequence): how many drafts to verify."""
+def planner_rows(table: CostTable, depth: int, n: int):
+    """What the scheduler asks after drafting: how many of each sequence's drafts to verify.
+    The row budget here is n * depth: the bench caps rows by the proposed depth only."""
     prior = table.calibration.by_depth
 
-    def rows(confidences: list[float], count: int) -> int:
-        return sequence_depths(table, [confidences], prior=prior, max_k=depth, row_budget=depth,
-                               known_drafts=[count])[0]
+    def rows(confidences: list[list[float]], counts: list[int]) -> tuple[int, ...]:
+        return sequence_depths(table, confidences, prior=prior, max_k=depth, row_budget=n * depth,
+                               known_drafts=counts)
 
     return rows
 
@@ -98,98 +98,108 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slack", type=float, default=0.1, help="tok/s the planner may give up vs depth 1")
     p.add_argument("--mtp-max-seqs", type=int, default=32)
     p.add_argument("--max-k", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=3, help="held-out prompts per set")
+    p.add_argument("--widths", default="1,4", help="batch widths; above 1 they step as mtp_batch does")
+    p.add_argument("--prompts", type=int, default=3, help="held-out prompt groups per set and width")
     p.add_argument("--offset", type=int, default=10, help="first held-out prompt of each set")
-    p.add_argument("--rounds", type=int, default=1, help="passes over the prompts")
     p.add_argument("--max-tokens", type=int, default=64)
     args = p.parse_args(argv)
     try:
-        return run(args)
+        return run(args, [int(w) for w in args.widths.split(",")])
     except KeyboardInterrupt:
         print("\nmetrale bench planner: interrupted", file=sys.stderr)
         return 130
 
 
-def run(args) -> int:
+def run(args, widths: list[int]) -> int:
     from kernels.default_model import ensure_default_model
-    from kernels.engine import Engine
     from kernels.heads import build_drafter
     from kernels.loader import load
-    from runtime.calibrate import resolve_drafter, model_id
+    from runtime.calibrate import model_id, resolve_drafter
     from runtime.energy import open_meter
     from runtime.text import TextCodec
 
     model_dir = ensure_default_model()
     drafter = resolve_drafter(args.drafter, model_dir, None)
     loaded, codec = load(model_dir), TextCodec(model_dir)
-    engine = Engine(loaded.model, drafter=build_drafter(drafter, loaded.model, model_dir, None, None)[1])
+    engine_drafter = build_drafter(drafter, loaded.model, model_dir, None, None)[1]
     table = _table(args, model_dir, model_id(model_dir), drafter)
     meter = open_meter(table.meta.watts_per_core or 10.0)
-    choice = choose_depth(table, n=1, slack=args.slack, max_k=args.max_k, mtp_max_seqs=args.mtp_max_seqs)
-    print(f"energy: {meter.source}; prior (acceptance by depth): "
+    print(f"drafter: {drafter}; energy: {meter.source}; prior (acceptance by depth): "
           + " ".join(f"{p:.2f}" for p in table.calibration.by_depth))
-    print(f"planner at width 1: K={choice.depth} ({choice.reason}), expected "
-          f"{choice.tokens_per_ms * 1e3:.1f} tok/s, {choice.tokens_per_joule:.2f} tok/J")
-    print(MTP_BATCH_NOTE)
-    print()
+    print(f"widths: {', '.join(map(str, widths))}; width 1 steps the serial engine, wider ones step one "
+          f"batch as mtp_batch does (which speculates up to mtp_max_seqs={args.mtp_max_seqs})\n")
     worst = float("inf")
-    for set_name in ("code", "chat"):
-        prompts = _held_prompts(codec, set_name, args.offset, args.prompts)
-        totals = sweep(engine, prompts, drafter=drafter, table=table, choice=choice, meter=meter,
-                       max_k=args.max_k, max_tokens=args.max_tokens, rounds=args.rounds, eos_ids=codec.eos_ids)
-        verdict = compare(totals, choice.depth, args.slack)
-        print(report(set_name, totals, verdict))
-        print()
-        worst = min(worst, verdict.tpj_ratio)
+    for n in widths:
+        choice = choose_depth(table, n=n, slack=args.slack, max_k=args.max_k, mtp_max_seqs=args.mtp_max_seqs)
+        print(f"planner at width {n}: K={choice.depth} ({choice.reason})" + (
+            f", expected {choice.tokens_per_ms * 1e3:.1f} tok/s, {choice.tokens_per_joule:.2f} tok/J"
+            if choice.tokens_per_ms else ""))
+        for set_name in ("code", "chat"):
+            groups = _held_groups(codec, set_name, args.offset, args.prompts, n)
+            totals, mismatches = sweep(loaded.model, groups, engine_drafter=engine_drafter, drafter=drafter,
+                                       table=table, choice=choice, n=n, meter=meter, max_k=args.max_k,
+                                       max_tokens=args.max_tokens, eos_ids=codec.eos_ids)
+            verdict = compare(totals, choice.depth, args.slack)
+            print(report(set_name, n, totals, verdict))
+            if mismatches:
+                print(f"note: {mismatches} sequence(s) decoded differently from plain decode at width {n}")
+            print()
+            worst = min(worst, verdict.tpj_ratio)
     print(f"worst_tpj_ratio_vs_oracle={worst:.3f}")
     return 0
 
 
-def sweep(engine, prompts, *, drafter, table, choice, meter, max_k, max_tokens, rounds, eos_ids):
-    """Every fixed K and the planner on every prompt in lockstep (kernels/planner_bench.py), their
-    order rotated per prompt; each must emit plain decode's tokens. Totals per configuration."""
+def sweep(model, groups, *, engine_drafter, drafter, table, choice, n, meter, max_k, max_tokens, eos_ids):
+    """Every fixed K and the planner on every prompt group in lockstep (kernels/planner_bench.py),
+    their order rotated per group. Totals per configuration, and how many sequences' tokens
+    differ from plain decode's (none at width 1, where greedy speculation is exact)."""
     from kernels.planner_bench import Config, lockstep
 
     keys: list[int | str] = list(range(max_k + 1)) + [PLANNER]
     configs = [Config(str(k), k) for k in range(max_k + 1)]
-    configs.append(Config(PLANNER, choice.depth, planner_rows(table, choice.depth) if choice.depth else None))
-    lockstep(engine, prompts[0], configs, drafter=drafter, max_tokens=8, eos_ids=eos_ids, meter=meter)  # warm-up
-    totals = {k: Totals() for k in keys}
-    for turn, ids in enumerate(p for _ in range(rounds) for p in prompts):
+    configs.append(Config(PLANNER, choice.depth, planner_rows(table, choice.depth, n) if choice.depth else None))
+    kw = dict(drafter=engine_drafter, drafter_kind=drafter, eos_ids=eos_ids, meter=meter)
+    lockstep(model, groups[0], configs, max_tokens=8, **kw)  # warm-up: every shape once
+    totals, mismatches = {k: Totals() for k in keys}, 0
+    for turn, prompts in enumerate(groups):
         shift = turn % len(configs)
-        runs = lockstep(engine, ids, configs[shift:] + configs[:shift], drafter=drafter,
-                        max_tokens=max_tokens, eos_ids=eos_ids, meter=meter)
-        if len({tuple(r.tokens) for r in runs.values()}) != 1:
-            raise AssertionError(f"a configuration changed greedy output on prompt {turn}")
+        runs = lockstep(model, prompts, configs[shift:] + configs[:shift], max_tokens=max_tokens, **kw)
+        plain = runs["0"].tokens
+        mismatches += sum(r.tokens[i] != plain[i] for r in runs.values() for i in range(len(plain)))
         for key, config in zip(keys, configs):
             m = runs[config.name]
             totals[key].add(m.decoded, m.seconds, m.joules, m.drafted, m.accepted)
-    return totals
+    if n == 1 and mismatches:
+        raise AssertionError(f"{mismatches} speculative run(s) changed greedy output at width 1")
+    return totals, mismatches
 
 
-def report(set_name: str, totals: dict[int | str, Totals], verdict: Verdict) -> str:
+def report(set_name: str, n: int, totals: dict[int | str, Totals], verdict: Verdict) -> str:
     oracle = totals[verdict.oracle_k]
     rows = []
     for config, t in totals.items():
         k = verdict.planner_k if config == PLANNER else config
         name = f"planner (K={k})" if config == PLANNER else f"K={k}" + (" oracle" if k == verdict.oracle_k else "")
         acceptance = " ".join(f"{a / d:.2f}" for d, a in zip(t.drafted, t.accepted) if d) or "-"
-        rows.append([set_name, 1, name, t.tokens, t.tok_s, t.tok_j, t.tok_j / oracle.tok_j,
+        rows.append([set_name, n, name, t.tokens, t.tok_s, t.tok_j, t.tok_j / oracle.tok_j,
                      t.tok_s / oracle.tok_s, acceptance])
     headers = ["set", "width", "config", "tokens", "tok_s", "tok_per_J", "tpj_vs_oracle",
                "tps_vs_oracle", "acceptance_by_position"]
-    verdict_line = (f"{set_name} width 1: oracle K={verdict.oracle_k}, planner K={verdict.planner_k}: "
+    verdict_line = (f"{set_name} width {n}: oracle K={verdict.oracle_k}, planner K={verdict.planner_k}: "
                     f"tpj_ratio={verdict.tpj_ratio:.3f} (>= {1 - TPJ_TOLERANCE:.2f}) "
                     f"tps_ratio={verdict.tps_ratio:.3f} -> {'PASS' if verdict.passed else 'FAIL'}")
     return format_table(headers, rows) + "\n" + verdict_line
 
 
-def _held_prompts(codec, set_name: str, offset: int, count: int) -> list[list[int]]:
+def _held_groups(codec, set_name: str, offset: int, count: int, n: int) -> list[list[list[int]]]:
+    """count groups of n held-out prompts (from offset on; cycling when the set runs short)."""
     from runtime.bench.spec import prompt_set
     from runtime.calibrate import chat_messages
 
-    texts = prompt_set(set_name, offset + count)[offset:] or prompt_set(set_name, count)
-    return [codec.encode(codec.chat_text(chat_messages(t))) for t in texts]
+    texts = prompt_set(set_name, 1000)
+    held = texts[offset:] or texts
+    ids = [codec.encode(codec.chat_text(chat_messages(held[i % len(held)]))) for i in range(count * n)]
+    return [ids[g * n:(g + 1) * n] for g in range(count)]
 
 
 def _table(args, model_dir, name: str, drafter: str) -> CostTable:

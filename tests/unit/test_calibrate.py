@@ -65,8 +65,11 @@ def test_an_mtp_drafter_gets_confidence_knots(model):
 
 def test_acceptance_by_depth_is_conditional_on_the_accepted_prefix():
     steps = [Step((), 3, 3), Step((), 3, 1), Step((), 3, 0), Step((), 2, 2)]
-    # depth 1: 4 tries, 3 hits; depth 2: 3 tries (prefix accepted), 2 hits; depth 3: 1 try, 1 hit
-    assert cal.fit_calibration(steps, max_k=4).by_depth == (0.75, 2 / 3, 1.0, 1.0)
+    # depth 1: 4 tries, 3 hits; depth 2: 3 tries (prefix accepted), 2 hits; depth 3: 1 try, 1 hit;
+    # past depth 1, two pseudo-trials at the previous depth's rate; depth 4 was never tried.
+    d2 = (2 + 2 * 0.75) / (3 + 2)
+    d3 = (1 + 2 * d2) / (1 + 2)
+    assert cal.fit_calibration(steps, max_k=4).by_depth == pytest.approx((0.75, d2, d3, d3))
     assert cal.fit_calibration([], max_k=4).by_depth == ()
 
 

@@ -42,7 +42,7 @@ def test_the_planner_on_its_own_table_matches_the_oracle():
     verdict = compare(expected_totals(table, choice.depth), choice.depth, slack=0.1)
     assert choice.depth == verdict.oracle_k > 0
     assert verdict.tpj_ratio == pytest.approx(1.0) and verdict.passed
-    assert "PASS" in report("code", expected_totals(table, choice.depth), verdict)
+    assert "PASS" in report("code", 1, expected_totals(table, choice.depth), verdict)
 
 
 def test_over_the_cap_the_planner_does_not_draft():
@@ -77,22 +77,23 @@ def test_totals_add_up_by_position():
 
 
 def test_planner_rows_verify_at_least_one_and_at_most_the_drafts():
-    rows = planner_rows(synthetic_table(), 4)
-    assert all(1 <= rows([], count) <= count for count in range(1, 5))
+    rows = planner_rows(synthetic_table(), 4, 3)
+    for counts in ([1, 2, 3], [4, 4, 4], [0, 4, 2]):
+        assert all(min(1, c) <= r <= c for r, c in zip(rows([[], [], []], counts), counts))
 
 
-def test_lockstep_configurations_emit_plain_decodes_tokens():
-    from kernels.engine import Engine
+@pytest.mark.parametrize("width", [1, 3])
+def test_lockstep_configurations_emit_plain_decodes_tokens(width):
     from kernels.planner_bench import Config, lockstep
     from runtime.energy import CpuProxyMeter
     from tests.tiny import tiny_llama
 
-    engine = Engine(tiny_llama(seed=5))
-    configs = [Config("0", 0), Config("2", 2), Config("4", 4), Config(PLANNER, 4, lambda c, n: 1)]
-    prompt = [7, 8, 9, 10] * 6
-    runs = lockstep(engine, prompt, configs, drafter="ngram", max_tokens=20, eos_ids=frozenset(),
-                    meter=CpuProxyMeter(10.0))
-    assert len({tuple(r.tokens) for r in runs.values()}) == 1
-    assert all(r.decoded == 19 and r.seconds > 0 for r in runs.values())
-    assert max(runs[PLANNER].drafted[1:], default=0) == 0  # the rows callback verified one draft
-    assert engine.seqs == {}
+    one_draft = lambda confidences, counts: [min(1, c) for c in counts]  # noqa: E731
+    configs = [Config("0", 0), Config("2", 2), Config("4", 4), Config(PLANNER, 4, one_draft)]
+    prompts = [[7, 8, 9, 10] * 6, [3, 4, 5] * 5, [11, 12] * 9][:width]
+    runs = lockstep(tiny_llama(seed=5), prompts, configs, drafter=None, drafter_kind="ngram",
+                    max_tokens=20, eos_ids=frozenset(), meter=CpuProxyMeter(10.0))
+    plain = runs["0"].tokens
+    assert len(plain) == width and all(r.tokens == plain for r in runs.values())
+    assert all(r.decoded == 19 * width and r.seconds > 0 for r in runs.values())
+    assert sum(runs["4"].drafted) > 0 and max(runs[PLANNER].drafted[1:]) == 0
