@@ -129,7 +129,7 @@ def load_prompt_set(path: str | Path, tokenizer) -> list[list[int]]:
 def main(argv: list[str] | None = None) -> None:
     from kernels.loader import load
     from kernels.mtp_data import DEFAULT_MODEL, eos_ids, load_tokenizer
-    from kernels.mtp_head import load_mtp_head, shipped_head_dir
+    from kernels.mtp_head import load_mtp_head, shipped_head_dir, shrink_draft_vocab
 
     parser = argparse.ArgumentParser(description="MTP head acceptance by draft position")
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -138,9 +138,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--draft-vocab", type=int, default=0, help="shrink the head's vocabulary")
+    parser.add_argument("--timing", action="store_true", help="also time drafting at k=1..K")
     args = parser.parse_args(argv)
     model, tokenizer = load(args.model).model, load_tokenizer(args.model)
     head = load_mtp_head(args.head)
+    if args.draft_vocab:
+        head = shrink_draft_vocab(head, args.draft_vocab)
+    if args.timing:
+        timing = {k: round(draft_ms(model, head, k), 2) for k in range(1, args.k + 1)}
+        print(json.dumps({"draft_ms_by_k": timing}), flush=True)
     for path in args.prompts:
         report = measure_acceptance(model, head, load_prompt_set(path, tokenizer), args.k,
                                     args.max_tokens, stop_ids=eos_ids(tokenizer, args.model),

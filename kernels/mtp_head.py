@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -252,6 +252,19 @@ def init_draft_vocab(head: MTPHead, lm_weight: mx.array, token_ids: Sequence[int
     head.vocab_map = ids
     head.draft_lm_head.weight = lm_weight[ids].astype(head.fc.weight.dtype)
     mx.eval(head.vocab_map, head.draft_lm_head.weight)
+
+
+def shrink_draft_vocab(head: MTPHead, size: int) -> MTPHead:
+    """The same head drafting over the first `size` ids of its map (kept most frequent first)."""
+    if not head.reduced or not 0 < size <= head.config.draft_vocab_size:
+        raise ValueError(f"cannot shrink a draft vocabulary of {head.config.draft_vocab_size} to {size}")
+    smaller = MTPHead(replace(head.config, draft_vocab_size=size))
+    weights = dict(tree_flatten(head.parameters()))
+    weights["vocab_map"] = weights["vocab_map"][:size]
+    weights["draft_lm_head.weight"] = weights["draft_lm_head.weight"][:size]
+    smaller.load_weights(list(weights.items()))
+    mx.eval(smaller.parameters())
+    return smaller
 
 
 def _rows(hidden: mx.array) -> mx.array:

@@ -137,3 +137,10 @@ def test_held_out_prompt_sets_load_and_are_large_enough(name):
     assert len(prompts) >= 30
     texts = [json.loads(line)["prompt"] for line in (PROMPT_SETS / f"{name}.jsonl").open()]
     assert len(set(texts)) == len(texts)
+
+
+def test_draft_timing_gives_milliseconds(model):
+    from kernels.mtp_eval import draft_ms
+
+    head = random_head()
+    assert 0 < draft_ms(model, head, 3, context=16, repeats=3) < 10_000

@@ -18,6 +18,7 @@ from kernels.mtp_head import (
     MTPConfig,
     MTPHead,
     init_draft_vocab,
+    shrink_draft_vocab,
     load_mtp_head,
     load_qwen_mtp_head,
     map_qwen_mtp_weights,
@@ -387,3 +388,17 @@ def test_reduced_vocabulary_needs_the_full_size_and_a_matching_map(target):
         init_draft_vocab(MTPHead(reduced_config()), target.model.embed_tokens.weight, [1, 2, 3])
     with pytest.raises(ValueError, match="drafts over"):
         init_draft_vocab(make_head(), target.model.embed_tokens.weight, [1, 2, 3])
+
+
+def test_shrinking_keeps_the_first_ids_of_the_map(target):
+    kept = np.random.default_rng(1).permutation(VOCAB).tolist()
+    twin = reduced_twin(make_head(), target, kept)
+    hidden, following = pairs(target, PROMPT)
+    same = shrink_draft_vocab(twin, VOCAB)
+    want = draft(twin, target, twin.make_cache(), hidden, following, 4).ids
+    assert draft(same, target, same.make_cache(), hidden, following, 4).ids == want
+    small = shrink_draft_vocab(twin, 16)
+    assert small.config.draft_vocab_size == 16 and small.vocab_map.tolist() == kept[:16]
+    assert all(t in kept[:16] for t in draft(small, target, small.make_cache(), hidden, following, 4).ids)
+    with pytest.raises(ValueError):
+        shrink_draft_vocab(make_head(), 16)
