@@ -107,7 +107,8 @@ def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], u
         accepted, emitted = accept_greedy(greedy_ids, drafts)
     elif drafts:
         p = probs_from_logits(logits, state.temperature, state.top_p)
-        accepted, emitted = accept_drafts(p, drafts, state.draft_probs if use_q else None, state.next_key())
+        q = state.draft_probs[:len(drafts)] if use_q else None  # the planner may verify fewer
+        accepted, emitted = accept_drafts(p, drafts, q, state.next_key())
     else:
         token = sample(probs_from_logits(logits[-1], state.temperature, state.top_p), state.next_key())
         accepted, emitted = 0, [int(token.item())]

@@ -114,7 +114,7 @@ class DraftModelDrafter:
     def propose(self, state, k: int):
         d = self._own(state)
         tokens = mx.concatenate([*d["unfed"], state.last.astype(mx.uint32).reshape(1)])
-        d["unfed"], d["fed_last"] = [], 0
+        d["unfed"], d["fed_last"], d["proposed"] = [], 0, k
         ids, logprobs, probs = [], [], []
         for depth in range(k):
             logits = self.model(tokens[None], cache=d["cache"])[0, -1]
@@ -135,10 +135,12 @@ class DraftModelDrafter:
         pass
 
     def commit(self, state, drafted: int, accepted: int, emitted: list[int]) -> None:
+        # The cache holds d_1..d_k-1 of the k proposed, whatever fewer the planner had verified.
         d = self._own(state)
-        keep = min(accepted, drafted - 1)
+        proposed = d.pop("proposed", drafted)
+        keep = min(accepted, proposed - 1)
         for c in d["cache"]:
-            c.trim(drafted - 1 - keep)
+            c.trim(proposed - 1 - keep)
         # Committed but unseen: d_k when every draft was accepted (never fed to the draft model).
         d["unfed"] = [mx.array(emitted[keep:-1], dtype=mx.uint32)] if emitted[keep:-1] else []
         d["fed_last"] = 0

@@ -145,7 +145,7 @@ class Engine:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             return accept_greedy(mx.argmax(logprobs, axis=-1).tolist(), drafts)
         p = probs_from_logits(logits, state.temperature, state.top_p)
-        q = state.draft_probs if use_draft_probs else None
+        q = state.draft_probs[:len(drafts)] if use_draft_probs else None  # the planner may verify fewer
         return accept_drafts(p, drafts, q, state.next_key())
 
     def rollback(self, seq_id: str, drafted: int, accepted: int, emitted: list[int]) -> None:

@@ -139,3 +139,29 @@ def test_batched_rows_equal_each_sequence_alone(kind):
             outs[int(seq_id)] += emitted
     for i, prompt in enumerate(PROMPTS):
         assert outs[i] == plain(model, prompt, len(outs[i]))
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "mtp"])
+def test_verifying_fewer_drafts_than_proposed_keeps_plain_output(kind):
+    """The planner may verify only some of a sequence's drafts; the drafter's caches must follow."""
+    model = tiny_llama(seed=4)
+    engine = make_engine(kind, model)
+    prompt = PROMPTS[2]
+    out = [engine.prefill("s", prompt, 0.0, 1.0, None, False)]
+    oracle = plain(model, prompt, N + 8)
+    step = 0
+    while len(out) < N:
+        step += 1
+        proposed = engine.propose("s", 4)[0]
+        # The MTP head keeps only exact pairs, so any drafts may be verified; the draft model's cache
+        # holds its own proposals, so only a prefix of them may.
+        use_oracle = kind == "mtp" and step % 2
+        drafts = (oracle[len(out):len(out) + 4] if use_oracle else proposed)[:1 + step % 3]
+        accepted, emitted = engine.verify("s", drafts, use_draft_probs=step % 2 == 0)
+        engine.rollback("s", len(drafts), accepted, emitted)
+        out += emitted
+    assert out[:N] == oracle[:N]
+    # The drafter's own state still matches a fresh one that saw only the committed history.
+    fresh = make_engine(kind, model)
+    assert fresh.prefill("f", prompt + out[:-1], 0.0, 1.0, None, False) == out[-1]
+    assert engine.propose("s", 3)[0] == fresh.propose("f", 3)[0]
