@@ -12,6 +12,8 @@ import time
 from collections import deque
 from typing import assert_never
 
+import msgspec
+
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
@@ -129,9 +131,12 @@ class Scheduler(Actor):
 
     async def spec_step(self, batch: list[Sequence], pinned: bool) -> None:
         """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
+        depth = self.policy.depth(len(batch))
+        if depth < 1:  # the planner (or the mtp_max_seqs cap) says a plain step pays better
+            return await self.plain_step(batch)
         started = time.perf_counter()
         try:
-            drafts = [await self.draft(seq) for seq in batch]
+            drafts = self.allot([await self.draft(seq, depth) for seq in batch])
             if not any(drafts):  # nothing to propose: this step decodes plainly
                 return await self.plain_step(batch)
             rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
@@ -153,9 +158,16 @@ class Scheduler(Actor):
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
         await self.after_step(GateStep.MTP, pinned, wall, batch, sum(len(r.emitted) for r in results))
 
-    async def draft(self, seq: Sequence) -> Drafted | None:
+    def allot(self, drafts: list[Drafted | None]) -> list[Drafted | None]:
+        """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
+        counts = [len(d.tokens) if d else 0 for d in drafts]
+        keep = self.policy.allot([d.confidences if d else () for d in drafts], counts)
+        return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
+                for d, n in zip(drafts, keep)]
+
+    async def draft(self, seq: Sequence, depth: int) -> Drafted | None:
         """Drafts for one sequence, or None where it does not speculate this step."""
-        k = min(self.policy.k, seq.remaining - 1)
+        k = min(depth, seq.remaining - 1)
         if k < 1 or not self.policy.eligible(seq):
             return None
         history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()

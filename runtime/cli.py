@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-draft-tokens", type=int, help="K, drafts per speculative step")
     serve.add_argument("--mtp-gate", choices=["auto", "force", "off"],
                        help="auto: speculate when measured faster; force: whenever eligible; off: never")
+    serve.add_argument("--spec-cost-model", choices=["measured", "off"],
+                       help="measured (default): draft depth from `metrale calibrate`'s table where one exists")
+    serve.add_argument("--spec-cost-slack", type=float, help="tok/s the planner may give up for tokens/joule")
+    serve.add_argument("--mtp-max-seqs", type=int, help="above this batch width, no speculation")
     serve.set_defaults(func=cmd_serve)
     fetch = sub.add_parser("fetch-model", help="fetch and convert the default model, print its directory")
     fetch.add_argument("--cache-dir")
@@ -68,9 +72,11 @@ def config_from_args(args) -> Config:
     config = override(config, "server", host=args.host, port=args.port, log_format=args.log_format)
     config = override(config, "model", path=args.model, cache_dir=args.cache_dir)
     config = override(config, "spec", drafter=args.drafter, draft_model=args.draft_model, mtp_head=args.mtp_head,
-                      num_draft_tokens=args.num_draft_tokens, mtp_gate=args.mtp_gate)
+                      num_draft_tokens=args.num_draft_tokens, mtp_gate=args.mtp_gate,
+                      cost_model=args.spec_cost_model, cost_slack=args.spec_cost_slack)
     return override(config, "scheduler", mode=args.scheduler_mode,
-                    max_active_requests=args.max_active_requests, batch_wait_ms=args.batch_wait_ms)
+                    max_active_requests=args.max_active_requests, batch_wait_ms=args.batch_wait_ms,
+                    mtp_max_seqs=args.mtp_max_seqs)
 
 
 def resolve_model(config: Config) -> Path:

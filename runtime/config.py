@@ -44,6 +44,8 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     num_draft_tokens: int = 3
     ngram_max: int = 3
     mtp_gate: Literal["auto", "force", "off"] | None = None  # None: METRALE_MTP_GATE_FORCE, else auto
+    cost_model: Literal["measured", "off"] = "measured"  # draft depth from a calibration table, if one exists
+    cost_slack: float = 0.1  # tok/s may fall this far below depth 1's for a better tokens per joule
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -98,6 +100,8 @@ def validate(config: Config) -> Config:
         raise ConfigError("admission limits must be at least 1")
     if not 1 <= config.spec.num_draft_tokens <= 16:
         raise ConfigError("--num-draft-tokens must be in 1..16")
+    if not 0.0 <= config.spec.cost_slack < 1.0:
+        raise ConfigError("--spec-cost-slack must be in [0, 1)")
     if config.spec.drafter == "draft-model" and not config.spec.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     return config

@@ -12,14 +12,18 @@ from runtime.eligibility import (
     GateSetting, ThinkMarkers, entry_pin_forces_verify, entry_pin_tokens_from_env, gate_setting,
     spec_dispatch_eligible, spec_think_from_env,
 )
+from runtime.cost_table import CostTable
 from runtime.gate import GateDecision, GateStep, MtpGate
+from runtime.plan import propose_depth, sequence_depths
 
 
 class SpeculationPolicy:
     def __init__(self, drafter: str, k: int, gate_cli: str | None = None, resume_guard: int = 0,
                  think_markers: ThinkMarkers = ThinkMarkers(), env: Mapping[str, str] = os.environ,
-                 mtp_max_seqs: int = 32):
+                 mtp_max_seqs: int = 32, table: CostTable | None = None, slack: float = 0.1):
         self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
+        self.table, self.slack = table, slack  # the measured planner (spec/plan.md), when a table exists
+        self.last_depth: tuple[int, str] = (k, "configured")
         self.setting = GateSetting.OFF if drafter == "none" else gate_setting(gate_cli, env)
         self.gate = MtpGate() if self.setting is GateSetting.AUTO else None
         self.pin_tokens = entry_pin_tokens_from_env(env)
@@ -53,6 +57,23 @@ class SpeculationPolicy:
                                          pin_tokens=self.pin_tokens)
         return (GateStep.MTP, True) if pinned else (step, False)
 
+    def depth(self, width: int) -> int:
+        """Drafts to propose per sequence this step: the planner's K, or the configured one."""
+        if self.table is None:
+            return self.k
+        choice = propose_depth(width, table=self.table, prior=self.table.calibration.by_depth, max_k=self.k,
+                               slack=self.slack, mtp_max_seqs=self.mtp_max_seqs)
+        self.last_depth = (choice.depth, choice.reason)
+        return choice.depth
+
+    def allot(self, confidences: list[tuple[float, ...]], counts: list[int]) -> list[int]:
+        """After drafting: how many of each sequence's drafts to verify (all, without a table)."""
+        if self.table is None:
+            return counts
+        depths = sequence_depths(self.table, confidences, prior=self.table.calibration.by_depth, max_k=self.k,
+                                 row_budget=len(counts) * self.k, known_drafts=counts)
+        return [min(d, c) for d, c in zip(depths, counts)]
+
     def next_is_plain(self, batch) -> bool:
         """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
         eligible = [s for s in batch if self.eligible(s)]
@@ -83,6 +104,7 @@ class SpeculationPolicy:
 
     def snapshot(self) -> dict:
         return {"drafter": self.drafter, "num_draft_tokens": self.k, "gate_setting": self.setting.value,
-                "mtp_max_seqs": self.mtp_max_seqs,
+                "mtp_max_seqs": self.mtp_max_seqs, "cost_model": "measured" if self.table else "off",
+                "planner_depth": {"depth": self.last_depth[0], "reason": self.last_depth[1]},
                 "entry_pin_tokens": self.pin_tokens,
                 "gate": self.gate.snapshot() if self.gate is not None else None}

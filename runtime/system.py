@@ -77,11 +77,32 @@ class System:
             if self.codec.think_ids else ThinkMarkers()
         self.scheduler.policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate,
                                                   think_markers=markers,
-                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs)
+                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
+                                                  table=self._cost_table(), slack=spec.cost_slack)
         self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
         self.streamer.admission = self.admission
+
+    def _cost_table(self):
+        """The planner's table for this model, drafter and machine; None (said once) without one."""
+        if self.config.spec.cost_model == "off" or self.info.drafter == "none":
+            return None
+        from runtime.calibrate import find_table, model_id
+        from runtime.cost_table import CostTableError, load_table, machine_id
+
+        model = model_id(self.model_dir)
+        path = find_table(model, self.info.drafter)
+        try:
+            if path is None:
+                raise CostTableError(f"no calibration table for {model} / {self.info.drafter}")
+            table = load_table(path, expect_model=model, expect_machine=machine_id())
+        except CostTableError as e:
+            self.log.warning("no_cost_table", reason=str(e), fallback_depth=self.config.spec.num_draft_tokens,
+                             hint="run `metrale calibrate` to let the planner choose draft depths")
+            return None
+        self.log.info("cost_table_loaded", path=str(path), widths=list(table.widths), depths=list(table.depths))
+        return table
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:

@@ -13,11 +13,11 @@ from tests.actors.fakes import CharCodec, Collector, ScriptedSpecOwner, Sink
 SCRIPT = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, 3]
 
 
-async def run_one(params: SamplingParams, owner=None):
+async def run_one(params: SamplingParams, owner=None, table=None):
     owner = owner or ScriptedSpecOwner({"r": SCRIPT})
     streamer, telemetry = Collector(), Sink()
     drafter, verifier = Drafter("ngram", owner, telemetry), Verifier(owner, telemetry)
-    policy = SpeculationPolicy("ngram", 3, "force", env={})
+    policy = SpeculationPolicy("ngram", 3, "force", env={}, table=table)
     scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, drafter, verifier)
     actors = [owner, streamer, telemetry, drafter, verifier, scheduler]
     for actor in actors:
@@ -62,3 +62,13 @@ async def test_a_failing_verification_fails_only_that_request():
     _, events = await run_one(SamplingParams(max_tokens=10), Broken({"r": SCRIPT}))
     assert isinstance(events.terminals()[0], Failed)
     assert "verify exploded" in events.terminals()[0].error
+
+
+async def test_the_planner_decides_depth_inside_the_scheduler():
+    from tests.unit.test_speculation_policy import _table
+
+    _, dear = await run_one(SamplingParams(max_tokens=len(SCRIPT)), table=_table([10, 20, 30, 40], 0.1))
+    assert dear.terminals()[0].usage.speculation.verify_steps == 0  # depth 0: plain steps only
+    owner, cheap = await run_one(SamplingParams(max_tokens=len(SCRIPT)), table=_table([10, 11, 12, 13], 0.9))
+    tokens = [t for e in cheap.of("r") if isinstance(e, TokensEmitted) for t in e.token_ids]
+    assert tokens == SCRIPT and cheap.terminals()[0].usage.speculation.verify_steps > 0

@@ -17,7 +17,8 @@ MAX_TOKENS = 24
 def batch_server(model_dir, tmp_path_factory):
     proc = ServerProcess(tmp_path_factory.mktemp("batch"), max_pending=16,
                          extra=("--scheduler-mode", "mtp_batch", "--max-active-requests", "4",
-                                "--batch-wait-ms", "5", "--drafter", "ngram", "--mtp-gate", "force"))
+                                "--batch-wait-ms", "5", "--drafter", "ngram", "--mtp-gate", "force",
+                                "--spec-cost-model", "off"))
     yield proc
     proc.stop()
 

@@ -85,7 +85,8 @@ def post(url, body):
 @pytest.fixture(scope="module")
 def forced_server(model_dir, tmp_path_factory):
     proc = ServerProcess(tmp_path_factory.mktemp("forced"),
-                         extra=("--drafter", "ngram", "--mtp-gate", "force", "--num-draft-tokens", "4"))
+                         extra=("--drafter", "ngram", "--mtp-gate", "force", "--num-draft-tokens", "4",
+                                "--spec-cost-model", "off"))
     yield proc
     proc.stop()
 

@@ -57,3 +57,26 @@ def test_seeded_sampling_stays_reproducible_under_the_measuring_gate():
     assert auto.choose([seq(0, seed=7)], 10) == (GateStep.MTP, True)  # greedy is path-independent
     forced = SpeculationPolicy("ngram", 3, "force", env={})  # a fixed path: seeded runs repeat
     assert forced.choose([seq(100, temperature=0.8, seed=7)], 10) == (GateStep.MTP, False)
+
+
+def _table(verify_ms, acceptance):
+    """A synthetic table: verify cost per depth at every width, the same acceptance at every depth."""
+    from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
+
+    meta = TableMeta(schema_version=1, model_id="m", drafter="ngram", machine="x", dtype="float32", blas="b",
+                     energy_source="cpu_proxy", watts_per_core=10.0, date="2026-11-29")
+    return make_table(meta=meta, widths=(1, 4), depths=tuple(range(len(verify_ms))),
+                      verify=lambda n, k: Cost(ms=verify_ms[k] * n ** 0.5, joules=verify_ms[k] * n ** 0.5 / 100),
+                      draft=lambda n, k: Cost(ms=0.0, joules=0.0),
+                      calibration=AcceptanceCalibration(confidence=(), acceptance=(), by_depth=(acceptance,) * 4))
+
+
+def test_the_planner_sets_depth_and_keeps_a_prefix_of_drafts():
+    cheap = SpeculationPolicy("ngram", 3, "force", env={}, table=_table([10, 11, 12, 13], 0.9))
+    assert cheap.depth(1) == 3  # verifying is nearly free and drafts are good: go deep
+    assert cheap.allot([(), ()], [3, 1]) == [3, 1]
+    dear = SpeculationPolicy("ngram", 3, "force", env={}, table=_table([10, 20, 30, 40], 0.1))
+    assert dear.depth(1) == 0 and dear.snapshot()["planner_depth"] == {"depth": 0, "reason": "cost_model"}
+    capped = SpeculationPolicy("ngram", 3, "force", env={}, table=_table([10, 11, 12, 13], 0.9), mtp_max_seqs=2)
+    assert capped.depth(4) == 0 and capped.last_depth == (0, "over_cap")
+    assert SpeculationPolicy("ngram", 3, "force", env={}).depth(1) == 3  # no table: the configured K
