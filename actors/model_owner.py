@@ -61,6 +61,8 @@ class ModelOwner(Actor):
                          blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind)
 
     async def teardown(self) -> None:
+        if self.engine is not None:
+            await self.on_thread(self.engine.close)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     async def handle(self, msg: Prefill | PrefillMany | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback) -> Any:

@@ -86,6 +86,12 @@ class Engine:
     def release(self, seq_id: str) -> None:
         self.seqs.pop(seq_id, None)
 
+    def close(self) -> None:
+        """Finish work still in flight (lookahead steps) and drop every sequence. Exiting with MLX
+        work running aborts the process ("terminate called without an active exception")."""
+        self.seqs.clear()
+        mx.synchronize()
+
     def _emit(self, state: SeqState, y: mx.array, lookahead: bool) -> int:
         # Build and start the next step before reading this token, so the graph build overlaps compute.
         state.last = y

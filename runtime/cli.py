@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import pkgutil
 import sys
 from pathlib import Path
@@ -105,7 +106,11 @@ def cmd_serve(args) -> int:
     from runtime.system import System
 
     asyncio.run(_serve(System, serve, config, model_dir))
-    return 0
+    # Every request has ended and every actor has stopped. Skip the interpreter's teardown: MLX's
+    # per-thread stream workers can abort it ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _serve(system_cls, serve, config, model_dir) -> None:
