@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,9 +168,11 @@ def build(args: argparse.Namespace) -> None:
             prompts.append(prompt)
             ids.append(encoded)
     stop = eos_ids(tokenizer, args.model)
-    _write_recipe(out, args, prompts, ids)
     # Batches run shortest prompts first; --max-shards keeps the first N (a time budget).
-    for number, batch in enumerate(batches_of(ids, args.batch)[: args.max_shards or None]):
+    batches = batches_of(ids, args.batch)[: args.max_shards or None]
+    used = sorted(i for batch in batches for i in batch)
+    _write_recipe(out, args, [prompts[i] for i in used], [ids[i] for i in used])
+    for number, batch in enumerate(batches):
         path = out / f"shard-{number:05d}.safetensors"
         if path.exists():
             continue  # done by an earlier, interrupted run
@@ -186,7 +189,8 @@ def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:
         "command": " ".join(["python -m kernels.mtp_data", *sys.argv[1:]]),
         "args": {k: str(v) for k, v in vars(args).items()},
         "prompts": recipe(),
-        "templates": sorted({p.template for p in prompts}),
+        "templates": dict(sorted(Counter(p.template for p in prompts).items())),
+        "sequences": len(prompts),
         "prompt_tokens": sum(len(i) for i in ids),
         "generation": "chat template, greedy, left-padded batches, stop at EOS or max_tokens",
     }
