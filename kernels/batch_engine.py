@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
+from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -79,7 +80,7 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     width = 1 + max(len(drafts) for drafts, _ in by_id.values())
     inputs = [_row_tokens(state, by_id[s][0], width) for s, state in zip(batch.ids, states)]
     hidden = engine.model.model(mx.stack(inputs), cache=batch.cache)
-    logits = lm_head(engine.model, hidden)
+    logits = output_head(engine.model)(hidden)
     greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
     mx.eval(greedy)
     greedy_rows = greedy.tolist()
@@ -115,9 +116,3 @@ def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], u
     if not drafts:
         state.last = mx.array(emitted, dtype=mx.uint32)
     return accepted, emitted
-
-
-def lm_head(model, hidden: mx.array) -> mx.array:
-    if getattr(model, "lm_head", None) is not None:
-        return model.lm_head(hidden)
-    return model.model.embed_tokens.as_linear(hidden)

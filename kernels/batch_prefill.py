@@ -7,7 +7,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-from kernels.batch_engine import lm_head
+from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -47,7 +47,7 @@ def _forward(engine, tokens, start: int, n: int, pads, cache, states) -> mx.arra
             first = max(0, pad - start)
             if first < n:
                 engine.drafter.fed(state, tokens[b, start + first:start + n], hidden[b, first:])
-    return lm_head(engine.model, hidden)
+    return output_head(engine.model)(hidden)
 
 
 def _first_token(state, logits: mx.array) -> mx.array:

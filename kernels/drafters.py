@@ -13,6 +13,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.loader import output_head
 from kernels.mtp_head import MTPHead
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
@@ -29,7 +30,7 @@ class MtpDrafter:
         self.head, self.target = head, target
         inner = target.model
         self.embed, self.norm = inner.embed_tokens, inner.norm
-        self.lm_head = target.lm_head if getattr(target, "lm_head", None) is not None else inner.embed_tokens.as_linear
+        self.lm_head = output_head(target)
 
     def _own(self, state) -> dict:
         if not state.drafter:

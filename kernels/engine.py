@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.acceptance import accept_drafts, accept_greedy
+from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -109,7 +110,7 @@ class Engine:
             hidden = None
         else:
             hidden = self.model.model(tokens[None], cache=state.cache)[0]
-            logits = _lm_head(self.model, hidden)
+            logits = output_head(self.model)(hidden)
         if drafter is not None:
             drafter.verified(state, hidden) if verifying else drafter.fed(state, tokens, hidden)
         return logits
@@ -172,12 +173,6 @@ class Engine:
             for c in state.cache:
                 c.trim(n)
             state.length -= n
-
-
-def _lm_head(model, hidden: mx.array) -> mx.array:
-    if getattr(model, "lm_head", None) is not None:
-        return model.lm_head(hidden)
-    return model.model.embed_tokens.as_linear(hidden)
 
 
 def _fresh_seed() -> int:

@@ -41,5 +41,11 @@ def load(path: Path | str) -> LoadedModel:
     return LoadedModel(model, path, config if isinstance(config, dict) else json.loads((path / "config.json").read_text()))
 
 
+def output_head(model):
+    """The model's LM head as a callable; tied models use the embedding matrix transposed."""
+    head = getattr(model, "lm_head", None)
+    return head if head is not None else model.model.embed_tokens.as_linear
+
+
 def _is_quantized(config: dict) -> bool:
     return "quantization" in config or "quantization_config" in config
