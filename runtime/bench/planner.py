@@ -107,11 +107,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slack", type=float, default=0.1, help="tok/s the planner may give up vs depth 1")
     p.add_argument("--mtp-max-seqs", type=int, default=32)
     p.add_argument("--max-k", type=int, default=8)
-    p.add_argument("--widths", default="1,4", help="batch widths; above 1 they step as mtp_batch does")
+    p.add_argument("--widths", default="1,2", help="batch widths; above 1 they step as mtp_batch does")
     p.add_argument("--prompts", type=int, default=4,
                    help="held-out prompts per set; at width n they decode as prompts // n batches")
     p.add_argument("--offset", type=int, default=10, help="first held-out prompt of each set")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=48)
     args = p.parse_args(argv)
     try:
         return run(args, [int(w) for w in args.widths.split(",")])
