@@ -92,7 +92,7 @@ class System:
         from runtime.cost_table import CostTableError, load_table, machine_id
 
         model = model_id(self.model_dir)
-        path = find_table(model, self.info.drafter)
+        path = find_table(model, self.info.drafter, cache=self.config.model.cache_dir)
         try:
             if path is None:
                 raise CostTableError(f"no calibration table for {model} / {self.info.drafter}")
