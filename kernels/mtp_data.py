@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
-from kernels.mtp_prompts import build_prompts, recipe
+from kernels.mtp_prompts import build_prompts, everyday_prompts, recipe
 
 DEFAULT_MODEL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct-f32"
 DEFAULT_OUT = Path.home() / ".cache/metrale/mtp/data"
@@ -162,7 +162,7 @@ def build(args: argparse.Namespace) -> None:
     model = load(args.model).model
     tokenizer = load_tokenizer(args.model)
     prompts, ids = [], []
-    for prompt in build_prompts(args.prompts, args.seed):
+    for prompt in _prompt_source(args, tokenizer):
         encoded = chat_ids(tokenizer, prompt.text)
         if len(encoded) <= args.max_prompt_tokens:  # long ones are dropped, never cut mid-template
             prompts.append(prompt)
@@ -184,11 +184,20 @@ def build(args: argparse.Namespace) -> None:
               f"{time.perf_counter() - started:.1f}s", flush=True)
 
 
+def _prompt_source(args: argparse.Namespace, tokenizer):
+    if args.set == "stdlib":
+        return build_prompts(args.prompts, args.seed)
+    # Words the tokenizer holds whole are common English: "turtle", not "getnchannels".
+    whole = lambda word: len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1  # noqa: E731
+    return everyday_prompts(args.prompts, args.seed, keep=whole)
+
+
 def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:
     record = {
         "command": " ".join(["python -m kernels.mtp_data", *sys.argv[1:]]),
         "args": {k: str(v) for k, v in vars(args).items()},
         "prompts": recipe(),
+        "set": args.set,
         "templates": dict(sorted(Counter(p.template for p in prompts).items())),
         "sequences": len(prompts),
         "prompt_tokens": sum(len(i) for i in ids),
@@ -203,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--set", choices=["stdlib", "everyday"], default="stdlib",
+                        help="prompts about the stdlib's code and docs, or everyday chat")
     parser.add_argument("--prompts", type=int, default=800)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--max-prompt-tokens", type=int, default=400)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -163,6 +164,55 @@ def build_prompts(count: int, seed: int, root: Path | None = None) -> list[Promp
     return chosen
 
 
+# Everyday chat: the stdlib's docstrings name plenty of ordinary things (turtle, calendar, colour,
+# mailbox, clock); these templates ask for everyday prose about them, so the head also learns the
+# base's conversational register, not only its technical one.
+EVERYDAY_TEMPLATES = {
+    "story": "Write a short story that includes a {a} and a {b}.",
+    "letter": "Write a friendly letter to a friend that mentions a {a}.",
+    "advice": "Give me some practical, everyday advice related to {a}.",
+    "poem": "Write a short poem about {a}.",
+    "describe": "Describe a {a} to someone who has never seen one.",
+    "facts": "What are some interesting facts about {a}?",
+    "dialogue": "Write a short conversation between two friends about {a} and {b}.",
+    "weekend": "Suggest a fun weekend activity that involves {a}.",
+    "history": "Tell me a little about the history of {a}.",
+    "product": "Write a short, cheerful product description for a {a}.",
+    "word": "Explain the word '{a}' and use it in three example sentences.",
+    "compare": "What is the difference between {a} and {b}, in everyday terms?",
+}
+_JARGON = {"self", "args", "kwargs", "dict", "tuple", "bool", "stdout", "stderr", "stdin", "none",
+           "true", "false", "elif", "lambda", "def", "str", "int", "len", "repr", "init"}
+
+
+def everyday_words(keep=None, root: Path | None = None, min_count: int = 3) -> list[str]:
+    """Plain lowercase words of the stdlib's docstrings, most frequent first; `keep` may filter
+    them further (e.g. to words the tokenizer knows whole, which are common English)."""
+    counts: dict[str, int] = {}
+    for item in documented_items(root):
+        for word in re.findall(r"\b[a-z]{4,12}\b", item.doc):
+            counts[word] = counts.get(word, 0) + 1
+    ranked = sorted(counts, key=lambda w: (-counts[w], w))
+    return [w for w in ranked if counts[w] >= min_count and w not in _JARGON and (keep is None or keep(w))]
+
+
+def everyday_prompts(count: int, seed: int, keep=None, root: Path | None = None) -> list[Prompt]:
+    """`count` distinct everyday-chat prompts, templates in turn, words drawn with the seed."""
+    words = everyday_words(keep, root)
+    rng = random.Random(seed)
+    names = sorted(EVERYDAY_TEMPLATES)
+    chosen, seen = [], set()
+    while len(chosen) < count:
+        name = names[len(chosen) % len(names)]
+        a, b = rng.sample(words, 2)
+        text = EVERYDAY_TEMPLATES[name].format(a=a, b=b)
+        if text not in seen:
+            seen.add(text)
+            chosen.append(Prompt("everyday", name, text))
+    rng.shuffle(chosen)
+    return chosen
+
+
 def recipe() -> dict:
     """What the prompts were built from, recorded beside the trained weights."""
     return {
@@ -170,5 +220,6 @@ def recipe() -> dict:
         "python": sys.version.split()[0],
         "files": len(list(stdlib_dir().glob("*.py"))),
         "kinds": {"code": "write/test/rewrite/document code", "prose": "explain code and docs",
-                  "general": "everyday chat about topics named by module docstrings"},
+                  "general": "everyday chat about topics named by module docstrings",
+                  "everyday": "everyday prose (stories, letters, advice) about docstring words"},
     }

@@ -114,10 +114,15 @@ def lm_weight(base) -> mx.array:
     return base.lm_head.weight if "lm_head" in base else base.model.embed_tokens.weight
 
 
-def new_head(base, draft_ids: list[int], init: str, seed: int) -> MTPHead:
+def new_head(base, draft_ids: list[int], init: str, seed: int, init_from: str | None = None) -> MTPHead:
     mx.random.seed(seed)
     head = MTPHead(head_config(base.args, len(draft_ids)))
-    if init == "last-layer":
+    if init_from:
+        # Continue from a trained head: its block, fc and norms; the draft vocabulary is new.
+        earlier = tree_flatten(load_mtp_head(Path(init_from).expanduser()).parameters())
+        kept = [(n, v) for n, v in earlier if not n.startswith(("draft_lm_head", "vocab_map"))]
+        head.load_weights(kept, strict=False)
+    elif init == "last-layer":
         # The base's last block already turns a stream into next-token features: a warm start.
         head.layers[0].update(base.model.layers[-1].parameters())
     elif init == "identity":
@@ -218,7 +223,7 @@ def run(args: argparse.Namespace, base=None) -> Path:
 
     base = base if base is not None else load(args.model).model
     base.freeze()
-    seqs = sequences_from(load_shards(Path(args.data).expanduser()))
+    seqs = [s for d in args.data for s in sequences_from(load_shards(Path(d).expanduser()))]
     train_seqs, val_seqs = split_sequences(seqs)
     vocab = base.args.vocab_size
     draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
@@ -229,7 +234,8 @@ def run(args: argparse.Namespace, base=None) -> Path:
          "train_windows": len(batches.windows), "steps_per_epoch": batches.steps_per_epoch,
          "train_tokens": sum(len(s.tokens) for s in train_seqs),
          "val_coverage": round(coverage(val_seqs, draft_ids), 4)})
-    head = train(base, batches, val, new_head(base, draft_ids, args.init, args.seed), args, log)
+    head = new_head(base, draft_ids, args.init, args.seed, args.init_from)
+    head = train(base, batches, val, head, args, log)
     final = validate(head, base, val, args.depths)
     save_mtp_head(head, out / "head", dtype=mx.float16)
     _write_record(out, args, final, coverage(val_seqs, draft_ids), len(train_seqs))
@@ -237,12 +243,13 @@ def run(args: argparse.Namespace, base=None) -> Path:
 
 
 def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, seqs: int) -> None:
-    data = Path(args.data).expanduser()
-    recipe = json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {}
+    recipes = []
+    for data in (Path(d).expanduser() for d in args.data):
+        recipes.append(json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {})
     record = {
         "command": " ".join(["python -m kernels.mtp_train", *sys.argv[1:]]),
         "hyperparameters": {k: v for k, v in vars(args).items() if k not in ("data", "out", "model")},
-        "data_recipe": recipe,
+        "data_recipes": recipes,
         "train_sequences": seqs,
         "validation": {"top1_by_depth": val_acc, "draft_vocab_coverage": val_coverage},
     }
@@ -252,11 +259,12 @@ def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, se
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train an MTP head by self-distillation (frozen base).")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--data", default="~/.cache/metrale/mtp/data")
+    p.add_argument("--data", nargs="+", default=["~/.cache/metrale/mtp/data"])
     p.add_argument("--out", default="~/.cache/metrale/mtp/run")
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--depths", type=int, default=2, help="draft depths unrolled in training")
     p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
+    p.add_argument("--init-from", default=None, help="a trained head directory to continue from")
     p.add_argument("--init", choices=["identity", "last-layer", "random"], default="last-layer")
     p.add_argument("--train-lm-head", action="store_true")
     p.add_argument("--steps", type=int, default=400)

@@ -89,7 +89,7 @@ def test_training_lowers_the_loss_and_records_itself(base, data_dir, tmp_path):
     assert np.mean(losses[-3:]) < np.mean(losses[:3])
     record = json.loads((out / "train.json").read_text())
     assert record["command"].startswith("python -m kernels.mtp_train")
-    assert record["hyperparameters"]["draft_vocab"] == 48 and record["data_recipe"] == {"source": "tiny"}
+    assert record["hyperparameters"]["draft_vocab"] == 48 and record["data_recipes"] == [{"source": "tiny"}]
     assert len(record["validation"]["top1_by_depth"]) == 2
     stored = mx.load(str(out / "head" / HEAD_WEIGHTS))
     assert stored["fc.weight"].dtype == mx.float16 and stored["vocab_map"].shape == (48,)
@@ -155,3 +155,14 @@ def test_training_prompts_leave_the_held_out_sets_alone():
     training = [p.text for p in build_prompts(800, seed=0)]
     assert len(training) == 800
     assert not any(h in t or t in h for h in held_out for t in training)
+
+
+def test_a_run_can_continue_from_a_trained_head_with_a_new_vocabulary(base, data_dir, tmp_path):
+    first = run(train_args(data_dir, tmp_path / "first", 2), base=base)
+    args = train_args(data_dir, tmp_path / "second", 1, init_from=str(first), draft_vocab=32)
+    head = new_head(base, list(range(32)), "random", 0, args.init_from)
+    earlier = load_mtp_head(first)
+    np.testing.assert_array_equal(np.array(head.fc.weight), np.array(earlier.fc.weight))
+    assert head.vocab_map.tolist() == list(range(32))
+    second = run(args, base=base)
+    assert load_mtp_head(second).config.draft_vocab_size == 32
