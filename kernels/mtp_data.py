@@ -162,7 +162,7 @@ def build(args: argparse.Namespace) -> None:
     model = load(args.model).model
     tokenizer = load_tokenizer(args.model)
     prompts, ids = [], []
-    for prompt in _prompt_source(args, tokenizer):
+    for prompt in _prompt_source(args):
         encoded = chat_ids(tokenizer, prompt.text)
         if len(encoded) <= args.max_prompt_tokens:  # long ones are dropped, never cut mid-template
             prompts.append(prompt)
@@ -184,12 +184,10 @@ def build(args: argparse.Namespace) -> None:
               f"{time.perf_counter() - started:.1f}s", flush=True)
 
 
-def _prompt_source(args: argparse.Namespace, tokenizer):
+def _prompt_source(args: argparse.Namespace):
     if args.set == "stdlib":
         return build_prompts(args.prompts, args.seed)
-    # Words the tokenizer holds whole are common English: "turtle", not "getnchannels".
-    whole = lambda word: len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1  # noqa: E731
-    return everyday_prompts(args.prompts, args.seed, keep=whole)
+    return everyday_prompts(args.prompts, args.seed)
 
 
 def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:

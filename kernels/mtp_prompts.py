@@ -10,8 +10,8 @@ same stdlib gives the same prompts. No MLX here: this is pure text.
 from __future__ import annotations
 
 import ast
+import json
 import random
-import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -164,41 +164,57 @@ def build_prompts(count: int, seed: int, root: Path | None = None) -> list[Promp
     return chosen
 
 
-# Everyday chat: the stdlib's docstrings name plenty of ordinary things (turtle, calendar, colour,
-# mailbox, clock); these templates ask for everyday prose about them, so the head also learns the
-# base's conversational register, not only its technical one.
+# Everyday chat: templates asking for everyday prose about ordinary things, so the head also learns
+# the base's conversational register, not only its technical one. The topics are our own list.
 EVERYDAY_TEMPLATES = {
     "story": "Write a short story that includes a {a} and a {b}.",
     "letter": "Write a friendly letter to a friend that mentions a {a}.",
     "advice": "Give me some practical, everyday advice related to {a}.",
     "poem": "Write a short poem about {a}.",
-    "describe": "Describe a {a} to someone who has never seen one.",
+    "describe": "Describe {a} to someone who has never seen it.",
     "facts": "What are some interesting facts about {a}?",
     "dialogue": "Write a short conversation between two friends about {a} and {b}.",
     "weekend": "Suggest a fun weekend activity that involves {a}.",
     "history": "Tell me a little about the history of {a}.",
     "product": "Write a short, cheerful product description for a {a}.",
-    "word": "Explain the word '{a}' and use it in three example sentences.",
+    "steps": "How do I get started with {a}? Give me a few simple steps.",
     "compare": "What is the difference between {a} and {b}, in everyday terms?",
 }
-_JARGON = {"self", "args", "kwargs", "dict", "tuple", "bool", "stdout", "stderr", "stdin", "none",
-           "true", "false", "elif", "lambda", "def", "str", "int", "len", "repr", "init"}
+EVERYDAY_TOPICS = """
+bicycle garden kitchen umbrella lighthouse library bakery river mountain forest island desert
+volcano rainbow thunderstorm snowfall sunrise sunset moon comet telescope camera guitar piano violin
+drum choir painting sculpture museum theatre cinema novel poetry newspaper postcard letter stamp
+calendar clock compass map passport suitcase train airplane sailboat canoe bridge tunnel castle
+village city market restaurant cafe picnic birthday wedding holiday festival parade marathon
+football tennis swimming chess puzzle kite balloon candle lantern blanket pillow teapot coffee tea
+bread cheese honey apple orange strawberry tomato potato carrot pumpkin soup salad pasta pizza
+rice noodles chocolate cookie cake sandwich breakfast dinner recipe vegetable fruit herb spice
+dog cat horse rabbit parrot owl eagle dolphin whale turtle butterfly bee ant elephant giraffe
+penguin fox wolf bear squirrel hedgehog aquarium zoo farm orchard vineyard meadow beach harbour
+ocean lake waterfall cave glacier weather season autumn winter spring summer rain wind snow
+friendship family neighbour teacher doctor nurse farmer baker firefighter pilot astronaut
+scientist artist musician gardener carpenter sleep exercise walking running yoga meditation
+hobby habit budget savings shopping cleaning laundry recycling composting moving homework exam
+school university job interview meeting presentation teamwork kindness patience gratitude
+curiosity courage laughter memory dream robot computer phone email internet website password
+battery lamp mirror window door staircase chair table bookshelf notebook pencil crayon backpack
+""".split()
 
 
-def everyday_words(keep=None, root: Path | None = None, min_count: int = 3) -> list[str]:
-    """Plain lowercase words of the stdlib's docstrings, most frequent first; `keep` may filter
-    them further (e.g. to words the tokenizer knows whole, which are common English)."""
-    counts: dict[str, int] = {}
-    for item in documented_items(root):
-        for word in re.findall(r"\b[a-z]{4,12}\b", item.doc):
-            counts[word] = counts.get(word, 0) + 1
-    ranked = sorted(counts, key=lambda w: (-counts[w], w))
-    return [w for w in ranked if counts[w] >= min_count and w not in _JARGON and (keep is None or keep(w))]
+HELD_OUT = Path(__file__).resolve().parents[1] / "tests" / "prompts"
 
 
-def everyday_prompts(count: int, seed: int, keep=None, root: Path | None = None) -> list[Prompt]:
-    """`count` distinct everyday-chat prompts, templates in turn, words drawn with the seed."""
-    words = everyday_words(keep, root)
+def held_out_prompts() -> list[str]:
+    """The benchmark's held-out prompts (tests/prompts/*.jsonl), which training must never see."""
+    return [json.loads(line)["prompt"] for path in sorted(HELD_OUT.glob("*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def everyday_prompts(count: int, seed: int) -> list[Prompt]:
+    """`count` distinct everyday-chat prompts, templates in turn, topics drawn with the seed;
+    none equal to, inside or containing a held-out prompt."""
+    words = EVERYDAY_TOPICS
+    held_out = held_out_prompts()
     rng = random.Random(seed)
     names = sorted(EVERYDAY_TEMPLATES)
     chosen, seen = [], set()
@@ -206,7 +222,7 @@ def everyday_prompts(count: int, seed: int, keep=None, root: Path | None = None)
         name = names[len(chosen) % len(names)]
         a, b = rng.sample(words, 2)
         text = EVERYDAY_TEMPLATES[name].format(a=a, b=b)
-        if text not in seen:
+        if text not in seen and not any(h in text or text in h for h in held_out):
             seen.add(text)
             chosen.append(Prompt("everyday", name, text))
     rng.shuffle(chosen)
@@ -221,5 +237,5 @@ def recipe() -> dict:
         "files": len(list(stdlib_dir().glob("*.py"))),
         "kinds": {"code": "write/test/rewrite/document code", "prose": "explain code and docs",
                   "general": "everyday chat about topics named by module docstrings",
-                  "everyday": "everyday prose (stories, letters, advice) about docstring words"},
+                  "everyday": "everyday prose (stories, letters, advice) about common topics"},
     }

@@ -1,4 +1,4 @@
-"""metrale command line: serve, bench NAME, calibrate, fetch-model."""
+"""metrale command line: serve, bench NAME, calibrate, train-mtp STAGE, fetch-model."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.calibrate import main as calibrate
 
         return calibrate(argv[1:])
+    if argv[:1] == ["train-mtp"]:
+        return train_mtp(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -62,7 +64,22 @@ def _parser() -> argparse.ArgumentParser:
     fetch.set_defaults(func=cmd_fetch)
     sub.add_parser("bench", help="run a benchmark: metrale bench NAME --help")
     sub.add_parser("calibrate", help="measure verify/draft costs for the planner: metrale calibrate --help")
+    sub.add_parser("train-mtp", help="build data, train or evaluate an MTP head: metrale train-mtp STAGE --help")
     return parser
+
+
+# The MTP-head pipeline's stages, each a module of kernels/ with its own arguments.
+TRAIN_STAGES = {"data": "kernels.mtp_data", "train": "kernels.mtp_train", "eval": "kernels.mtp_eval"}
+
+
+def train_mtp(argv: list[str]) -> int:
+    if not argv or argv[0] not in TRAIN_STAGES:
+        print(f"usage: metrale train-mtp STAGE [options]; STAGE is one of: {', '.join(TRAIN_STAGES)} "
+              "(data: the base model's own answers and hidden states; train: the head; eval: acceptance)",
+              file=sys.stderr)
+        return 2
+    importlib.import_module(TRAIN_STAGES[argv[0]]).main(argv[1:])
+    return 0
 
 
 def config_from_args(args) -> Config:

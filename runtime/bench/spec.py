@@ -49,7 +49,6 @@ def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -> int:
     from kernels.engine import Engine
     from kernels.heads import build_drafter, find_mtp_head
     from kernels.loader import load
-    from kernels.spec_bench import generate
     from runtime.text import TextCodec
 
     model_dir = ensure_default_model()
@@ -60,23 +59,35 @@ def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -> int:
     configs = [("plain", 0)] + [(d, k) for d in drafters if d in engines for k in ks]
     best = {}
     for set_name in ("code", "chat"):
-        totals = {c: [0, 0.0, [0] * max(ks), [0] * max(ks)] for c in configs}
-        for i, text in enumerate(prompt_set(set_name, count)):
-            ids = codec.encode(codec.chat_text(_chat(text)))
-            generate(engines["plain"], ids, 4, "plain", 0, codec.eos_ids)  # warm-up
-            order = configs[i % len(configs):] + configs[:i % len(configs)]
-            results = {c: generate(engines[c[0]], ids, max_tokens, c[0], c[1], codec.eos_ids) for c in order}
-            reference = results[("plain", 0)].tokens
-            for config, result in results.items():
-                if result.tokens != reference:
-                    raise AssertionError(f"{config} changed greedy output on {set_name} prompt {i}")
-                t = totals[config]
-                t[0], t[1] = t[0] + len(result.tokens), t[1] + result.seconds
-                for p, (d, a) in enumerate(zip(result.drafted, result.accepted)):
-                    t[2][p], t[3][p] = t[2][p] + d, t[3][p] + a
+        totals = sweep(engines, configs, prompt_set(set_name, count), max_tokens, codec, set_name)
         best[set_name] = _report(set_name, totals)
     print(f"best_speedup_code={best['code']:.3f} best_speedup_chat={best['chat']:.3f}")
     return 0
+
+
+def sweep(engines: dict, configs: list[tuple[str, int]], texts: list[str], max_tokens: int, codec,
+          set_name: str) -> dict:
+    """Per (drafter, K): [tokens, seconds, drafted by position, accepted by position], summed over
+    the prompts. Every config runs on every prompt back to back, in an order rotated per prompt,
+    and each speculative run must reproduce plain decode's tokens exactly."""
+    from kernels.spec_bench import generate
+
+    depth = max(k for _, k in configs) or 1
+    totals = {c: [0, 0.0, [0] * depth, [0] * depth] for c in configs}
+    for i, text in enumerate(texts):
+        ids = codec.encode(codec.chat_text(_chat(text)))
+        generate(engines["plain"], ids, 4, "plain", 0, codec.eos_ids)  # warm-up
+        order = configs[i % len(configs):] + configs[:i % len(configs)]
+        results = {c: generate(engines[c[0]], ids, max_tokens, c[0], c[1], codec.eos_ids) for c in order}
+        reference = results[("plain", 0)].tokens
+        for config, result in results.items():
+            if result.tokens != reference:
+                raise AssertionError(f"{config} changed greedy output on {set_name} prompt {i}")
+            t = totals[config]
+            t[0], t[1] = t[0] + len(result.tokens), t[1] + result.seconds
+            for p, (d, a) in enumerate(zip(result.drafted, result.accepted)):
+                t[2][p], t[3][p] = t[2][p] + d, t[3][p] + a
+    return totals
 
 
 def _report(set_name: str, totals: dict) -> float:

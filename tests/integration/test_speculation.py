@@ -17,9 +17,10 @@ PROMPTS = {
     "repeat": "one two three one two three one two",
 }
 # Every K in 1..8 once; the untrained MTP head (its full LM head per draft) is the slowest, so it
-# takes one small K here (tests/unit covers it at K = 1, 2, 4, 8 on a tiny model).
+# takes one small K here (tests/unit covers it at K = 1, 2, 4, 8 on a tiny model). The trained head
+# shipped for the default model (reduced draft vocabulary) runs at K = 1, 2 and 4.
 DRAFTER_KS = [("ngram", 1), ("ngram", 4), ("ngram", 6), ("ngram", 7), ("draft-model", 2), ("draft-model", 5),
-              ("draft-model", 8), ("mtp", 3)]
+              ("draft-model", 8), ("mtp", 3), ("shipped-mtp", 1), ("shipped-mtp", 2), ("shipped-mtp", 4)]
 N = 24
 
 
@@ -55,8 +56,11 @@ def engine_for(kind, model):
 
     from kernels.drafters import DraftModelDrafter, MtpDrafter
     from kernels.engine import Engine
+    from kernels.heads import build_drafter
     from kernels.mtp_head import MTPConfig, MTPHead
 
+    if kind == "shipped-mtp":
+        return Engine(model, drafter=build_drafter("mtp", model, default_model_dir(), None, None)[1])
     if kind == "draft-model":
         return Engine(model, drafter=DraftModelDrafter(model))
     if kind == "mtp":  # an untrained head of the model's shape: drafts are poor, the output must not change
@@ -65,6 +69,12 @@ def engine_for(kind, model):
                                  intermediate_size=1536, rope_theta=100000.0))
         return Engine(model, drafter=MtpDrafter(head, model))
     return Engine(model)
+
+
+def default_model_dir():
+    from kernels.default_model import ensure_default_model
+
+    return ensure_default_model()
 
 
 @pytest.mark.parametrize("kind,k", DRAFTER_KS, ids=[f"{d}-K{k}" for d, k in DRAFTER_KS])
@@ -116,3 +126,35 @@ def test_seeded_sampling_repeats_with_speculation_forced(forced_server):
     first, second = post(forced_server.url, body), post(forced_server.url, body)
     assert first["choices"][0]["text"] == second["choices"][0]["text"]
     assert first["usage"]["speculation"]["verify_steps"] > 0
+
+
+def test_the_default_model_finds_its_shipped_head(model_dir):
+    from kernels.heads import SHIPPED, build_drafter, find_mtp_head
+    from kernels.loader import load
+
+    head = find_mtp_head(model_dir)
+    assert head is not None and head.parent == SHIPPED
+    kind, drafter = build_drafter("auto", load(model_dir).model, model_dir, None, None)
+    assert kind == "mtp" and drafter.head.reduced
+
+
+@pytest.fixture(scope="module")
+def forced_mtp_server(model_dir, tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("forced-mtp"), extra=("--mtp-gate", "force"))
+    yield proc
+    proc.stop()
+
+
+def test_served_with_no_drafter_flag_the_shipped_head_drafts_and_output_matches_plain(forced_mtp_server, idle_server):
+    health = json.loads(urllib.request.urlopen(forced_mtp_server.url + "/health").read())
+    assert health["scheduler"]["speculation"]["drafter"] == "mtp"
+    accepted = 0
+    for text in PROMPTS.values():
+        body = {"prompt": text, "max_tokens": 40, "temperature": 0}
+        spec = post(forced_mtp_server.url, body)
+        plain = post(idle_server.url, {**body, "disable_mtp": True})
+        assert spec["choices"][0]["text"] == plain["choices"][0]["text"]
+        receipt = spec["usage"]["speculation"]
+        assert receipt["verify_steps"] > 0
+        accepted += receipt["accepted_tokens"]
+    assert accepted > 0  # a trained head's drafts are taken, not only verified
