@@ -1,8 +1,9 @@
 """Drafter: proposes up to K draft tokens for a sequence, with their confidences.
 
-Receives Draft (ask: replies Drafted). N-gram prompt lookup runs here (pure Python, no weights);
-the MTP head and the draft model run on the model owner, asked with Propose. Drafted is empty when
-there is nothing to propose (no n-gram match, or speculation off).
+Receives Draft (ask: replies Drafted) and DraftMany (ask: replies one Drafted per item, for a batch
+step). N-gram prompt lookup runs here (pure Python, no weights); the MTP head and the draft model
+run on the model owner, asked with Propose / ProposeMany (one owner job for a whole batch). Drafted
+is empty when there is nothing to propose (no n-gram match, or speculation off).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import assert_never
 
 from kernels.ngram import propose_ngram
 from runtime.actor import Actor
-from runtime.messages import Draft, Drafted, Propose, Sample
+from runtime.messages import Draft, Drafted, DraftMany, Propose, ProposeMany, Sample
 
 
 class Drafter(Actor):
@@ -22,15 +23,23 @@ class Drafter(Actor):
         super().__init__(inbox_size=64)
         self.kind, self.owner, self.telemetry, self.ngram_max = kind, owner, telemetry, ngram_max
 
-    async def handle(self, msg: Draft) -> Drafted:
+    async def handle(self, msg: Draft | DraftMany) -> Drafted | tuple[Drafted, ...]:
         match msg:
             case Draft():
                 drafted = await self.draft(msg)
+                count = len(drafted.tokens)
+            case DraftMany():
+                drafted = await self.draft_many(msg)
+                count = sum(len(d.tokens) for d in drafted)
             case _:
                 assert_never(msg)
-        await self.telemetry.tell(Sample(name="drafted_tokens_total", value=len(drafted.tokens),
-                                         labels=(("drafter", self.kind),)))
+        await self.telemetry.tell(Sample(name="drafted_tokens_total", value=count, labels=(("drafter", self.kind),)))
         return drafted
+
+    async def draft_many(self, msg: DraftMany) -> tuple[Drafted, ...]:
+        if self.kind in ("mtp", "draft-model"):
+            return await self.owner.ask(ProposeMany(items=tuple(Propose(seq_id=d.seq_id, k=d.k) for d in msg.items)))
+        return tuple([await self.draft(d) for d in msg.items])
 
     async def draft(self, msg: Draft) -> Drafted:
         if self.kind == "ngram":

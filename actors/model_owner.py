@@ -1,7 +1,7 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, PrefillMany, Decode, Propose, VerifyDrafts, VerifyBatch (asks: replies Prefilled, Decoded,
-Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
+Receives Prefill, PrefillMany, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch (asks: replies
+Prefilled, Decoded, Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, assert_never
 from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
-    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, PrefillMany, Propose, Release, Rollback, Verified,
+    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, PrefillMany, Propose, ProposeMany, Release, Rollback, Verified,
     VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
@@ -65,7 +65,8 @@ class ModelOwner(Actor):
             await self.on_thread(self.engine.close)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | PrefillMany | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback) -> Any:
+    async def handle(self, msg: Prefill | PrefillMany | Decode | Release | Propose | ProposeMany | VerifyDrafts
+                     | VerifyBatch | Rollback) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
@@ -75,6 +76,8 @@ class ModelOwner(Actor):
                 return await self.on_thread(self._decode, msg)
             case Propose():
                 return await self.on_thread(self._propose, msg)
+            case ProposeMany():
+                return await self.on_thread(lambda: tuple(self._propose(item) for item in msg.items))
             case VerifyDrafts():
                 return await self.on_thread(self._verify, msg)
             case VerifyBatch():

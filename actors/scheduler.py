@@ -17,9 +17,8 @@ import msgspec
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, Failed, Finished, Prefill, PrefillMany,
-    Release,
-    Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, DraftMany, Failed, Finished, Prefill,
+    PrefillMany, Release, Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
 )
 from runtime.modes import SchedulerMode
 from runtime.speculation import SpeculationPolicy
@@ -136,7 +135,7 @@ class Scheduler(Actor):
             return await self.plain_step(batch)
         started = time.perf_counter()
         try:
-            drafts = self.allot([await self.draft(seq, depth) for seq in batch])
+            drafts = self.allot(await self.draft_all(batch, depth))
             if not any(drafts):  # nothing to propose: this step decodes plainly
                 return await self.plain_step(batch)
             rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
@@ -165,14 +164,26 @@ class Scheduler(Actor):
         return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
                 for d, n in zip(drafts, keep)]
 
-    async def draft(self, seq: Sequence, depth: int) -> Drafted | None:
-        """Drafts for one sequence, or None where it does not speculate this step."""
+    async def draft_all(self, batch: list[Sequence], depth: int) -> list[Drafted | None]:
+        """Drafts for every sequence of the step (one ask for the batch); None where one does not
+        speculate this step."""
+        wanted = [(i, self.draft_request(seq, depth)) for i, seq in enumerate(batch)]
+        wanted = [(i, d) for i, d in wanted if d is not None]
+        drafts: list[Drafted | None] = [None] * len(batch)
+        if not wanted:
+            return drafts
+        replies = (await self.drafter.ask(wanted[0][1]),) if len(wanted) == 1 else \
+            await self.drafter.ask(DraftMany(items=tuple(d for _, d in wanted)))
+        for (i, _), drafted in zip(wanted, replies):
+            drafts[i] = drafted if drafted.tokens else None
+        return drafts
+
+    def draft_request(self, seq: Sequence, depth: int) -> Draft | None:
         k = min(depth, seq.remaining - 1)
         if k < 1 or not self.policy.eligible(seq):
             return None
         history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
-        drafted = await self.drafter.ask(Draft(seq_id=seq.request_id, history=history, k=k))
-        return drafted if drafted.tokens else None
+        return Draft(seq_id=seq.request_id, history=history, k=k)
 
     async def after_step(self, step: GateStep, pinned: bool, wall: float, batch, tokens: int) -> None:
         phase = "step_mtp" if step is GateStep.MTP else "step_plain"

@@ -64,14 +64,16 @@ class VerifyProbe:
 
 
 class MtpDraftProbe:
-    """K chained head forwards at width n over a prefilled head cache, trimmed back after each call."""
+    """K chained head forwards over a prefilled head cache, trimmed back after each call, once per
+    sequence of a width-n batch: the runtime drafts each sequence on its own head cache."""
 
     def __init__(self, head, target, n: int, context: Sequence[int]):
+        self.n = n
         inner = target.model
         self.head, self.embed, self.norm = head, inner.embed_tokens, inner.norm
         lm_head = getattr(target, "lm_head", None)
         self.lm_head = lm_head if lm_head is not None else inner.embed_tokens.as_linear
-        tokens = mx.array([list(context)] * n, dtype=mx.int32)
+        tokens = mx.array([list(context)], dtype=mx.int32)
         hidden = inner(tokens)
         self.cache = head.make_cache()
         head.forward(hidden[:, :-1], tokens[:, 1:], self.embed, self.norm, self.cache)
@@ -79,6 +81,10 @@ class MtpDraftProbe:
         mx.eval(self.hidden, [(c.keys, c.values) for c in self.cache])
 
     def __call__(self, k: int) -> None:
+        for _ in range(self.n):
+            self._draft_one(k)
+
+    def _draft_one(self, k: int) -> None:
         head = self.head
         h = head.forward(self.hidden, self.token, self.embed, self.norm, self.cache)
         ids, confidences = [], []

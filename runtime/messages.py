@@ -184,9 +184,21 @@ class Drafted(_Msg, frozen=True):
     seconds: float
 
 
+class DraftMany(_Msg, frozen=True):
+    """Drafts for several sequences of a batch step in one ask; replies one Drafted each, in order."""
+
+    items: tuple[Draft, ...]
+
+
 class Propose(_Msg, frozen=True):
     seq_id: str
     k: int
+
+
+class ProposeMany(_Msg, frozen=True):
+    """Model-side drafts for several sequences in one owner job; replies one Drafted each."""
+
+    items: tuple[Propose, ...]
 
 
 class VerifyDrafts(_Msg, frozen=True):

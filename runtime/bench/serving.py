@@ -14,15 +14,30 @@ import aiohttp
 @dataclass
 class Timing:
     tokens: int
-    tok_s: float
-    itl_p50: float  # seconds between token arrivals, over every client
-    itl_p99: float
+    seconds: float
+    gaps: list[float]  # seconds between token arrivals, over every client
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def itl_p50(self) -> float:
+        return statistics.median(self.gaps) if self.gaps else 0.0
+
+    @property
+    def itl_p99(self) -> float:
+        gaps = sorted(self.gaps) or [0.0]
+        return gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
 
 
 def timing(tokens: int, seconds: float, gaps: list[float]) -> Timing:
-    gaps = sorted(gaps) or [0.0]
-    return Timing(tokens, tokens / seconds if seconds else 0.0, statistics.median(gaps),
-                  gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))])
+    return Timing(tokens, seconds, list(gaps))
+
+
+def pooled(runs: list[Timing]) -> Timing:
+    """Several runs as one: their tokens over their seconds, every gap in the percentiles."""
+    return Timing(sum(r.tokens for r in runs), sum(r.seconds for r in runs), [g for r in runs for g in r.gaps])
 
 
 class LoopbackServer:

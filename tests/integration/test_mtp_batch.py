@@ -1,5 +1,6 @@
 """mtp_batch on the default model: every request of a batch (mixed prompt lengths, one joining
-mid-way, some with speculation disabled) answers exactly what it answers alone with plain decode."""
+mid-way, some with speculation disabled) answers exactly what it answers alone with plain decode,
+drafted by n-gram lookup and by the MTP head shipped for the model."""
 
 import asyncio
 
@@ -13,12 +14,12 @@ PROMPTS = ["def add(a, b):", "The capital of France is", "Write a haiku about ra
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def batch_server(model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["ngram", "mtp"])
+def batch_server(request, model_dir, tmp_path_factory):
     proc = ServerProcess(tmp_path_factory.mktemp("batch"), max_pending=16,
                          extra=("--scheduler-mode", "mtp_batch", "--max-active-requests", "4",
-                                "--batch-wait-ms", "5", "--drafter", "ngram", "--mtp-gate", "force",
-                                "--spec-cost-model", "off"))
+                                "--batch-wait-ms", "5", "--drafter", request.param, "--mtp-gate", "force",
+                                "--spec-cost-model", "off", "--num-draft-tokens", "2"))
     yield proc
     proc.stop()
 
