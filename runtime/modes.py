@@ -73,7 +73,9 @@ class MtpBatchMode:
         self.rows_verified = self.accepted = 0
 
     def admit(self, waiting, active):
-        room = self.max_active - len(active)
+        # One prefill group per step: a burst of arrivals interleaves its prefills with decode
+        # steps of the running batch instead of stalling it for every group in turn.
+        room = min(self.max_active - len(active), self.prefill_group)
         return [waiting.popleft() for _ in range(min(room, len(waiting)))]
 
     def decode_batch(self, active):

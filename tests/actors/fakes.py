@@ -39,6 +39,7 @@ class ScriptedOwner(Actor):
         self.positions: dict[str, int] = {}
         self.released: list[str] = []
         self.prefill_groups: list[int] = []
+        self.commands: list[str] = []  # message kinds in arrival order
         self.info = None
 
     def _next(self, seq_id: str) -> int:
@@ -50,6 +51,7 @@ class ScriptedOwner(Actor):
         return script[i] if script is not None and i < len(script) else 1 + i % 20
 
     async def handle(self, msg):
+        self.commands.append(type(msg).__name__)
         if self.step_delay:
             await asyncio.sleep(self.step_delay)
         match msg:

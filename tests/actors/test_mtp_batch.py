@@ -78,3 +78,19 @@ async def test_max_active_bounds_the_batch_and_cancel_frees_a_slot():
     assert max(scheduler.describe()["mtp_batch"]["batch_width_histogram"]) == 2
     for actor in reversed(actors):
         await actor.close()
+
+
+async def test_a_burst_of_arrivals_prefills_one_group_per_step():
+    owner, events, scheduler, actors = await started("off", max_active=16)
+    for i in range(12):  # more than one prefill group (8) at once
+        await scheduler.tell(admitted(f"r{i}", 6))
+    async with asyncio.timeout(5):
+        while len(events.terminals()) < 12:
+            await asyncio.sleep(0.002)
+    steps = [c for c in owner.commands if c in ("PrefillMany", "Decode")]
+    assert owner.prefill_groups == [8, 4]
+    # the running group decodes between the two prefills instead of waiting for both
+    assert steps[:3] == ["PrefillMany", "Decode", "PrefillMany"]
+    assert all(isinstance(e, Finished) for e in events.terminals())
+    for actor in reversed(actors):
+        await actor.close()
