@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
-from kernels.mtp_prompts import build_prompts, everyday_prompts, recipe
+from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, recipe
 
 DEFAULT_MODEL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct-f32"
 DEFAULT_OUT = Path.home() / ".cache/metrale/mtp/data"
@@ -187,6 +187,8 @@ def build(args: argparse.Namespace) -> None:
 def _prompt_source(args: argparse.Namespace):
     if args.set == "stdlib":
         return build_prompts(args.prompts, args.seed)
+    if args.set == "code-tasks":
+        return code_task_prompts(args.prompts, args.seed)
     return everyday_prompts(args.prompts, args.seed)
 
 
@@ -210,8 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--set", choices=["stdlib", "everyday"], default="stdlib",
-                        help="prompts about the stdlib's code and docs, or everyday chat")
+    parser.add_argument("--set", choices=["stdlib", "everyday", "code-tasks"], default="stdlib",
+                        help="prompts about the stdlib's code and docs, everyday chat, or programming tasks")
     parser.add_argument("--prompts", type=int, default=800)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--max-prompt-tokens", type=int, default=400)

@@ -201,6 +201,53 @@ battery lamp mirror window door staircase chair table bookshelf notebook pencil 
 """.split()
 
 
+# Everyday programming tasks, composed from our own lists: what users ask a small code assistant.
+CODE_TASK_TEMPLATES = {
+    "function": "Write a Python function that {verb} {thing}.",
+    "explain": "Explain step by step how to write Python code that {verb} {thing}.",
+    "tested": "Write a Python function that {verb} {thing}, with a few example calls.",
+    "algorithm": "Implement {algorithm} in Python and explain how it works.",
+    "class": "Write a Python class for {structure} with the usual methods.",
+    "fix": "What is a common mistake when writing Python code that {verb} {thing}, and how do I avoid it?",
+}
+CODE_VERBS = """reverses|sorts|counts the items of|removes duplicates from|finds the largest value in|sums the
+numbers in|filters the even numbers out of|groups the words of|validates|parses|splits into chunks|
+merges|compresses|encrypts with a Caesar cipher|finds the longest word in|capitalises every word of|
+rotates|shuffles|searches|normalises""".replace("\n", " ").split("|")
+CODE_THINGS = """a list of integers|a string|a dictionary of scores|a list of names|a text file|a CSV file|
+a JSON document|a nested list|a list of dates|an email address|a URL|a sentence|a matrix|a set of tags|
+a list of prices|a phone number|a log file|a list of tuples""".replace("\n", " ").split("|")
+CODE_ALGORITHMS = """bubble sort|insertion sort|selection sort|quicksort|merge sort|heap sort|counting sort|
+breadth-first search|depth-first search|Dijkstra's algorithm|the sieve of Eratosthenes|Euclid's algorithm
+for the greatest common divisor|a binary search tree insert|run-length encoding|Kadane's algorithm|
+matrix multiplication|a prefix sum array|the two-pointer technique|memoised recursion|a sliding window
+maximum""".replace("\n", " ").split("|")
+CODE_STRUCTURES = """a stack|a queue|a linked list|a binary tree|a bank account|a to-do list|a shopping cart|
+a library catalogue|a deck of cards|a priority queue|a simple calculator|a temperature converter|an
+inventory|a playlist|a student gradebook|a matrix|a 2D point|a rectangle|a timer|a counter""".replace("\n", " ").split("|")
+
+
+def code_task_prompts(count: int, seed: int) -> list[Prompt]:
+    """`count` distinct programming-task prompts, template and parts drawn with the seed (the
+    algorithm and class templates run out after 20 each); none overlapping a held-out prompt."""
+    held_out = held_out_prompts()
+    rng = random.Random(seed)
+    names = sorted(CODE_TASK_TEMPLATES)
+    chosen, seen, tries = [], set(), 0
+    while len(chosen) < count and tries < 100 * count:
+        tries += 1
+        name = rng.choice(names)
+        text = CODE_TASK_TEMPLATES[name].format(
+            verb=" ".join(rng.choice(CODE_VERBS).split()), thing=" ".join(rng.choice(CODE_THINGS).split()),
+            algorithm=" ".join(rng.choice(CODE_ALGORITHMS).split()),
+            structure=" ".join(rng.choice(CODE_STRUCTURES).split()))
+        if text not in seen and not any(h in text or text in h for h in held_out):
+            seen.add(text)
+            chosen.append(Prompt("code-task", name, text))
+    rng.shuffle(chosen)
+    return chosen
+
+
 HELD_OUT = Path(__file__).resolve().parents[1] / "tests" / "prompts"
 
 

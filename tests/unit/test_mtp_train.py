@@ -15,7 +15,7 @@ from kernels.mtp_batches import (
 )
 from kernels.mtp_data import generate_traces, load_shards, save_shard
 from kernels.mtp_head import HEAD_WEIGHTS, load_mtp_head
-from kernels.mtp_prompts import build_prompts, everyday_prompts, held_out_prompts
+from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, held_out_prompts
 from kernels.mtp_train import new_head, parser, run, unrolled_mask, unrolled_outputs
 from tests.tiny import tiny_llama
 
@@ -156,9 +156,10 @@ def test_training_prompts_leave_the_held_out_sets_alone():
     training = [p.text for p in build_prompts(800, seed=0)]
     assert len(training) == 800
     assert not any(h in t or t in h for h in held_out for t in training)
-    everyday = [p.text for p in everyday_prompts(400, seed=0)]
-    assert len(set(everyday)) == 400
-    assert not any(h in t or t in h for h in held_out for t in everyday)
+    for extra in (everyday_prompts(400, seed=0), code_task_prompts(300, seed=0)):
+        texts = [p.text for p in extra]
+        assert len(set(texts)) == len(extra) >= 300
+        assert not any(h in t or t in h for h in held_out for t in texts)
 
 
 def test_a_run_can_continue_from_a_trained_head_with_a_new_vocabulary(base, data_dir, tmp_path):
