@@ -192,9 +192,15 @@ def _prompt_source(args: argparse.Namespace):
     return everyday_prompts(args.prompts, args.seed)
 
 
+def command_line(module: str) -> str:
+    """The command as typed: `metrale train-mtp STAGE ...` or `python -m MODULE ...`."""
+    args = sys.argv[1:]
+    return " ".join(["metrale", *args] if args[:1] == ["train-mtp"] else ["python -m", module, *args])
+
+
 def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:
     record = {
-        "command": " ".join(["python -m kernels.mtp_data", *sys.argv[1:]]),
+        "command": command_line("kernels.mtp_data"),
         "args": {k: str(v) for k, v in vars(args).items()},
         "prompts": recipe(),
         "set": args.set,

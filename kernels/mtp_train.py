@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from kernels.mtp_batches import (
     Batches, coverage, draft_index, frequent_tokens, sequences_from, split_sequences,
 )
-from kernels.mtp_data import DEFAULT_MODEL, load_shards
+from kernels.mtp_data import DEFAULT_MODEL, command_line, load_shards
 from kernels.mtp_head import MTPConfig, MTPHead, init_draft_vocab, load_mtp_head, save_mtp_head
 
 
@@ -247,7 +246,7 @@ def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, se
     for data in (Path(d).expanduser() for d in args.data):
         recipes.append(json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {})
     record = {
-        "command": " ".join(["python -m kernels.mtp_train", *sys.argv[1:]]),
+        "command": command_line("kernels.mtp_train"),
         "hyperparameters": {k: v for k, v in vars(args).items() if k not in ("data", "out", "model")},
         "data_recipes": recipes,
         "train_sequences": seqs,

@@ -171,3 +171,12 @@ def test_a_run_can_continue_from_a_trained_head_with_a_new_vocabulary(base, data
     assert head.vocab_map.tolist() == list(range(32))
     second = run(args, base=base)
     assert load_mtp_head(second).config.draft_vocab_size == 32
+
+
+def test_records_name_the_command_as_it_was_typed(monkeypatch):
+    from kernels.mtp_data import command_line
+
+    monkeypatch.setattr("sys.argv", ["/x/metrale", "train-mtp", "data", "--set", "everyday"])
+    assert command_line("kernels.mtp_data") == "metrale train-mtp data --set everyday"
+    monkeypatch.setattr("sys.argv", ["-m", "--steps", "5"])
+    assert command_line("kernels.mtp_train") == "python -m kernels.mtp_train --steps 5"
