@@ -252,6 +252,9 @@ def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, se
         "train_sequences": seqs,
         "validation": {"top1_by_depth": val_acc, "draft_vocab_coverage": val_coverage},
     }
+    if args.init_from:  # the run this one continued: its own record sits beside its head folder
+        earlier = Path(args.init_from).expanduser().parent / "train.json"
+        record["continued_from"] = json.loads(earlier.read_text()) if earlier.exists() else str(args.init_from)
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
