@@ -111,7 +111,7 @@ class Scheduler(Actor):
 
     async def plain_step(self, batch: list[Sequence]) -> None:
         ids = tuple(s.request_id for s in batch)
-        # Lookahead pays on the serial path only; a batch step already overlaps many sequences.
+        # Start the next plain step early when it will likely be one (nobody waiting to join).
         ahead = self.mode.lookahead and not self.waiting and self.policy.next_is_plain(batch)
         started = time.perf_counter()
         try:

@@ -5,12 +5,19 @@ index). A step feeds each row its last token plus its drafts, right-padded to th
 Rows then shed different numbers of entries (padding, rejected drafts): a ragged rollback, done as
 one trim by the common part and one per-row roll of the rest into the left padding.
 Sequences are prefilled alone and join the batch at its next step; ended ones are filtered out.
+
+Lookahead (plain steps): the next plain step is built from this step's lazy tokens and started
+before this step's tokens are read, so graph building overlaps compute. It is used if the next
+call asks for the same rows (or some of them) with nobody joining; otherwise it is dropped: one
+trim of the batch cache, and each row's last token, random key and drafter feed put back.
 """
 
 from __future__ import annotations
 
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
+from typing import NamedTuple
+
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
@@ -18,11 +25,44 @@ from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
+class Ahead(NamedTuple):
+    ids: list[str]  # the batch's rows when it started
+    tokens: mx.array  # [rows], computing
+    saved: dict[str, tuple]  # per row: (last, key) before the step, to put back if it is dropped
+
+
 class Batch:
     def __init__(self):
         self.ids: list[str] = []
         self.cache: list[BatchKVCache] | None = None
         self.incoming: list[tuple[list[str], list[BatchKVCache]]] = []  # prefilled together, not joined yet
+        self.ahead: Ahead | None = None
+
+    def take_ahead(self, seq_ids) -> tuple[list[str], mx.array] | None:
+        """(rows, tokens still computing) of the lookahead step, if it is this step: the same rows
+        or some of them (others left), nobody joining."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or self.incoming or not set(seq_ids) <= set(ahead.ids):
+            self.ahead = ahead
+            return None
+        return ahead.ids, ahead.tokens
+
+    def drop_ahead(self, engine) -> None:
+        """Undo a lookahead step nobody will use: its cache entry, and each row's state."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return
+        mx.eval(ahead.tokens)  # let it finish before its cache entries go
+        for c in self.cache:
+            c.trim(1)
+        for seq_id in ahead.ids:
+            state = engine.seqs.get(seq_id)
+            if state is None:
+                continue
+            state.last, state.key = ahead.saved[seq_id]
+            state.length -= 1
+            if engine.drafter is not None:
+                engine.drafter.undo_feed(state)
 
     def sync(self, engine, seq_ids: list[str]) -> None:
         """Apply pending rollbacks, drop rows not asked for, add newly prefilled sequences."""
@@ -74,6 +114,7 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     """rows: (seq_id, drafts, use_draft_probs); no drafts = a plain row. Returns (accepted, emitted)
     per row. Rows with drafts are rolled back when engine.rollback reports their acceptance."""
     batch = engine.batch
+    batch.drop_ahead(engine)
     batch.sync(engine, [seq_id for seq_id, _, _ in rows])
     by_id = {seq_id: (drafts, use_q) for seq_id, drafts, use_q in rows}
     states = [engine.seqs[s] for s in batch.ids]
@@ -95,6 +136,50 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
             engine.drafter.verified(state, row_hidden) if drafts else engine.drafter.fed(state, row_tokens, row_hidden)
         results[seq_id] = _accept(state, logits[b, :used], greedy_rows[b][:used], drafts, use_q)
     return [results[seq_id] for seq_id, _, _ in rows]
+
+
+def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
+    """One plain step for every sequence (tokens in seq_ids order). With `ahead`, the next plain
+    step is built and started before this one's tokens are read, so building overlaps compute."""
+    batch = engine.batch
+    taken = batch.take_ahead(seq_ids)
+    if taken is None:
+        batch.drop_ahead(engine)
+        step = _plain_forward(engine, seq_ids)
+        rows = list(batch.ids)
+    else:
+        rows, step = taken
+    if ahead:
+        saved = {s: (engine.seqs[s].last, engine.seqs[s].key) for s in seq_ids}
+        following = _plain_forward(engine, seq_ids)
+        mx.async_eval(following)
+        batch.ahead = Ahead(list(batch.ids), following, saved)
+    values = dict(zip(rows, step.tolist()))
+    return [values[s] for s in seq_ids]
+
+
+def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
+    """Lazy: one plain step of the batch (rows in batch order); each row's `last` becomes its
+    new token, still computing."""
+    batch = engine.batch
+    batch.sync(engine, seq_ids)
+    states = [engine.seqs[s] for s in batch.ids]
+    inputs = mx.stack([state.last.astype(mx.uint32).reshape(-1) for state in states])
+    hidden = engine.model.model(inputs, cache=batch.cache)
+    logits = output_head(engine.model)(hidden)[:, -1]
+    greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+    tokens = []
+    for b, state in enumerate(states):
+        if state.temperature == 0:
+            token = greedy[b:b + 1]
+        else:
+            token = sample(probs_from_logits(logits[b], state.temperature, state.top_p), state.next_key()).reshape(1)
+        state.last = token.astype(mx.uint32)
+        state.length += 1
+        if engine.drafter is not None:
+            engine.drafter.fed(state, inputs[b], hidden[b])
+        tokens.append(token.astype(mx.uint32))
+    return mx.concatenate(tokens)
 
 
 def _row_tokens(state, drafts: list[int], width: int) -> mx.array:

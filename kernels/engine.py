@@ -71,10 +71,10 @@ class Engine:
         return prefill_rows(self, items)
 
     def decode(self, seq_ids, lookahead) -> list[int]:
-        if self.batch is not None:  # one forward over every sequence, no lookahead
-            from kernels.batch_engine import step_rows
+        if self.batch is not None:  # one forward over every sequence
+            from kernels.batch_engine import plain_rows
 
-            return [emitted[0] for _, emitted in step_rows(self, [(s, [], False) for s in seq_ids])]
+            return plain_rows(self, list(seq_ids), any(lookahead))
         out = []
         for seq_id, ahead in zip(seq_ids, lookahead):
             state = self.seqs[seq_id]

@@ -63,7 +63,7 @@ class MtpBatchMode:
     """Continuous batching: every decoding request steps in one batch; new ones join between steps."""
 
     name = "mtp_batch"
-    lookahead = False  # the batch cache takes every decoding sequence
+    lookahead = True  # plain batch steps start the next one before reading their tokens
     prefill_group = 8  # new requests prefill together, up to this many per forward
 
     def __init__(self, max_active: int, batch_wait_ms: float):

@@ -165,3 +165,41 @@ def test_verifying_fewer_drafts_than_proposed_keeps_plain_output(kind):
     fresh = make_engine(kind, model)
     assert fresh.prefill("f", prompt + out[:-1], 0.0, 1.0, None, False) == out[-1]
     assert engine.propose("s", 3)[0] == fresh.propose("f", 3)[0]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "mtp"])
+def test_batched_lookahead_leaves_every_token_unchanged(kind):
+    """Plain batch steps with lookahead, mixed with speculative steps, a join and a leave (each of
+    which drops a lookahead step): every sequence, one of them sampled with a seed, emits exactly
+    what it emits without lookahead, and greedy ones what plain decode alone emits."""
+    from kernels.batch_engine import step_rows
+
+    model = tiny_llama(seed=4)
+
+    def run(ahead: bool) -> dict[str, list[int]]:
+        engine = make_engine(kind, model, batched=True)
+        firsts = engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None), ("1", PROMPTS[1], 0.9, 1.0, 7)])
+        outs, done = {"0": [firsts[0]], "1": [firsts[1]]}, {}
+        for step in range(1, 26):
+            if step == 6:  # joins while a lookahead step is in flight
+                outs["2"] = [engine.prefill("2", PROMPTS[2], 0.0, 1.0, None, False)]
+            if step == 17:  # leaves; the lookahead step of the others is still used
+                engine.release("0")
+                done["0"] = outs.pop("0")
+            if step % 5 == 0:
+                rows = [(s, [] if s == "1" else (propose_ngram(PROMPTS[int(s)] + out, 2) if kind == "ngram"
+                                                 else engine.propose(s, 2)[0]), kind != "ngram")
+                        for s, out in outs.items()]
+                for (s, drafts, _), (accepted, emitted) in zip(rows, step_rows(engine, rows)):
+                    if drafts:
+                        engine.rollback(s, len(drafts), accepted, emitted)
+                    outs[s] += emitted
+            else:
+                for s, token in zip(list(outs), engine.decode(list(outs), [ahead] * len(outs))):
+                    outs[s].append(token)
+        return {**outs, **done}
+
+    with_lookahead, without = run(True), run(False)
+    assert with_lookahead == without
+    for s in ("0", "2"):
+        assert with_lookahead[s] == plain(model, PROMPTS[int(s)], len(with_lookahead[s]))
