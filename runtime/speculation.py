@@ -46,7 +46,7 @@ class SpeculationPolicy:
         """The step to run for this batch, and whether it runs under the entry pin (not recorded).
         Sequences that are not eligible take plain rows inside a speculative step."""
         eligible = [s for s in batch if self.eligible(s)]
-        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs:
+        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs or self.planned_plain(len(batch)):
             return GateStep.PLAIN, False
         if self.gate is None:
             return GateStep.MTP, False
@@ -66,6 +66,11 @@ class SpeculationPolicy:
         self.last_depth = (choice.depth, choice.reason)
         return choice.depth
 
+    def planned_plain(self, width: int) -> bool:
+        """The measured planner says no draft pays at this width: plain decode, pin or probe aside
+        (a speculative step there would only cost, and it would stop plain steps' lookahead)."""
+        return self.table is not None and self.depth(width) < 1
+
     def allot(self, confidences: list[tuple[float, ...]], counts: list[int]) -> list[int]:
         """After drafting: how many of each sequence's drafts to verify (all, without a table)."""
         if self.table is None:
@@ -77,7 +82,7 @@ class SpeculationPolicy:
     def next_is_plain(self, batch) -> bool:
         """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
         eligible = [s for s in batch if self.eligible(s)]
-        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs:
+        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs or self.planned_plain(len(batch)):
             return True
         if self.gate is None:
             return False

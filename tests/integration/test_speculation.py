@@ -140,7 +140,7 @@ def test_the_default_model_finds_its_shipped_head(model_dir):
 
 @pytest.fixture(scope="module")
 def forced_mtp_server(model_dir, tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("forced-mtp"), extra=("--mtp-gate", "force"))
+    proc = ServerProcess(tmp_path_factory.mktemp("forced-mtp"), extra=("--mtp-gate", "force", "--spec-cost-model", "off"))
     yield proc
     proc.stop()
 

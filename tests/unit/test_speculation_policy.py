@@ -80,3 +80,14 @@ def test_the_planner_sets_depth_and_keeps_a_prefix_of_drafts():
     capped = SpeculationPolicy("ngram", 3, "force", env={}, table=_table([10, 11, 12, 13], 0.9), mtp_max_seqs=2)
     assert capped.depth(4) == 0 and capped.last_depth == (0, "over_cap")
     assert SpeculationPolicy("ngram", 3, "force", env={}).depth(1) == 3  # no table: the configured K
+
+
+def test_where_the_planner_says_no_draft_pays_steps_are_plain_even_under_the_pin():
+    policy = SpeculationPolicy("ngram", 3, "auto", env={"METRALE_SPEC_ENTRY_PIN": "8"},
+                               table=_table([10, 20, 30, 40], 0.1))
+    assert policy.choose([seq(0)], 10) == (GateStep.PLAIN, False)
+    assert policy.next_is_plain([seq(0)])
+    paying = SpeculationPolicy("ngram", 3, "auto", env={"METRALE_SPEC_ENTRY_PIN": "8"},
+                               table=_table([10, 11, 12, 13], 0.9))
+    assert paying.choose([seq(0)], 10) == (GateStep.MTP, True)
+    assert not paying.next_is_plain([seq(0)])
