@@ -14,10 +14,10 @@ trim of the batch cache, and each row's last token, random key and drafter feed 
 
 from __future__ import annotations
 
-import kernels  # noqa: F401  (BLAS before mlx)
-import mlx.core as mx
 from typing import NamedTuple
 
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
@@ -41,10 +41,10 @@ class Batch:
     def take_ahead(self, seq_ids) -> tuple[list[str], mx.array] | None:
         """(rows, tokens still computing) of the lookahead step, if it is this step: the same rows
         or some of them (others left), nobody joining."""
-        ahead, self.ahead = self.ahead, None
+        ahead = self.ahead
         if ahead is None or self.incoming or not set(seq_ids) <= set(ahead.ids):
-            self.ahead = ahead
             return None
+        self.ahead = None
         return ahead.ids, ahead.tokens
 
     def drop_ahead(self, engine) -> None:

@@ -20,6 +20,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.loader import output_head
 from kernels.ngram import propose_ngram
 from kernels.sampling import greedy, top1_logprob
 
@@ -71,8 +72,7 @@ class MtpDraftProbe:
         self.n = n
         inner = target.model
         self.head, self.embed, self.norm = head, inner.embed_tokens, inner.norm
-        lm_head = getattr(target, "lm_head", None)
-        self.lm_head = lm_head if lm_head is not None else inner.embed_tokens.as_linear
+        self.lm_head = output_head(target)
         tokens = mx.array([list(context)], dtype=mx.int32)
         hidden = inner(tokens)
         self.cache = head.make_cache()

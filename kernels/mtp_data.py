@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
+from kernels.loader import output_head
 from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, recipe
 
 DEFAULT_MODEL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct-f32"
@@ -44,13 +45,6 @@ class Trace:
     hidden: np.ndarray
     argmax: np.ndarray
     prompt_len: int
-
-
-def lm_head_of(model):
-    """The base model's output projection (tied embeddings: the embedding used as a linear)."""
-    if getattr(model.args, "tie_word_embeddings", True) and not hasattr(model, "lm_head"):
-        return model.model.embed_tokens.as_linear
-    return model.lm_head
 
 
 def load_tokenizer(model_dir: Path | str):
@@ -83,7 +77,7 @@ def _argmax_rows(lm_head, hidden: mx.array) -> mx.array:
 def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[int],
                     hidden_dtype: mx.Dtype = mx.float16) -> list[Trace]:
     """Greedy answers for a batch of prompts (left-padded), keeping every h_t and g_t."""
-    lm_head, width = lm_head_of(model), len(prompts)
+    lm_head, width = output_head(model), len(prompts)
     longest = max(len(p) for p in prompts)
     pads = [longest - len(p) for p in prompts]
     cache = [BatchKVCache(pads) for _ in model.model.layers]

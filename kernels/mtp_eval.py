@@ -24,7 +24,8 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
-from kernels.mtp_data import chat_ids, generate_traces, lm_head_of
+from kernels.loader import output_head
+from kernels.mtp_data import chat_ids, generate_traces
 from kernels.mtp_head import MTPHead
 
 
@@ -83,7 +84,7 @@ def measure_acceptance(
 
 def replay(model, head: MTPHead, tokens: list[int], hidden: np.ndarray, prompt_len: int, k_max: int):
     """Draft k_max tokens at every emitted token of one greedy run; (accepted, eligible) counts."""
-    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, lm_head_of(model)
+    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, output_head(model)
     h = mx.array(hidden)
     cache = head.make_cache()
     # The prompt's exact pairs (h_j, t_{j+1}) for j < P-1, as the drafter absorbs after prefill.
@@ -104,7 +105,7 @@ def replay(model, head: MTPHead, tokens: list[int], hidden: np.ndarray, prompt_l
 def draft_ms(model, head: MTPHead, k: int, context: int = 128, repeats: int = 20) -> float:
     """Wall milliseconds of one drafting call (one new exact pair, then k drafts) after a
     context of `context` pairs: the drafter's cost per verify step on this machine."""
-    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, lm_head_of(model)
+    embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, output_head(model)
     dim = head.config.hidden_size
     hidden = mx.random.normal((context + 1, dim), key=mx.random.key(0))
     tokens = mx.random.randint(0, embed.weight.shape[0], (context + 1,), key=mx.random.key(1))

@@ -230,20 +230,46 @@ inventory|a playlist|a student gradebook|a matrix|a 2D point|a rectangle|a timer
 def code_task_prompts(count: int, seed: int) -> list[Prompt]:
     """`count` distinct programming-task prompts, template and parts drawn with the seed (the
     algorithm and class templates run out after 20 each); none overlapping a held-out prompt."""
-    held_out = held_out_prompts()
     rng = random.Random(seed)
     names = sorted(CODE_TASK_TEMPLATES)
-    chosen, seen, tries = [], set(), 0
-    while len(chosen) < count and tries < 100 * count:
-        tries += 1
+
+    def draw(_: int) -> Prompt:
         name = rng.choice(names)
         text = CODE_TASK_TEMPLATES[name].format(
             verb=" ".join(rng.choice(CODE_VERBS).split()), thing=" ".join(rng.choice(CODE_THINGS).split()),
             algorithm=" ".join(rng.choice(CODE_ALGORITHMS).split()),
             structure=" ".join(rng.choice(CODE_STRUCTURES).split()))
-        if text not in seen and not any(h in text or text in h for h in held_out):
-            seen.add(text)
-            chosen.append(Prompt("code-task", name, text))
+        return Prompt("code-task", name, text)
+
+    return _distinct(count, rng, draw)
+
+
+def everyday_prompts(count: int, seed: int) -> list[Prompt]:
+    """`count` distinct everyday-chat prompts, templates in turn, topics drawn with the seed;
+    none overlapping a held-out prompt."""
+    rng = random.Random(seed)
+    names = sorted(EVERYDAY_TEMPLATES)
+
+    def draw(index: int) -> Prompt:
+        name = names[index % len(names)]
+        a, b = rng.sample(EVERYDAY_TOPICS, 2)
+        return Prompt("everyday", name, EVERYDAY_TEMPLATES[name].format(a=a, b=b))
+
+    return _distinct(count, rng, draw)
+
+
+def _distinct(count: int, rng: random.Random, draw) -> list[Prompt]:
+    """Up to `count` prompts from draw(number kept so far), each text once and none equal to,
+    inside or containing a held-out prompt (at most 100 draws per prompt); shuffled with rng."""
+    held_out = held_out_prompts()
+    chosen, seen = [], set()
+    for _ in range(100 * count):
+        if len(chosen) == count:
+            break
+        prompt = draw(len(chosen))
+        if prompt.text not in seen and not any(h in prompt.text or prompt.text in h for h in held_out):
+            seen.add(prompt.text)
+            chosen.append(prompt)
     rng.shuffle(chosen)
     return chosen
 
@@ -255,25 +281,6 @@ def held_out_prompts() -> list[str]:
     """The benchmark's held-out prompts (tests/prompts/*.jsonl), which training must never see."""
     return [json.loads(line)["prompt"] for path in sorted(HELD_OUT.glob("*.jsonl"))
             for line in path.read_text().splitlines() if line.strip()]
-
-
-def everyday_prompts(count: int, seed: int) -> list[Prompt]:
-    """`count` distinct everyday-chat prompts, templates in turn, topics drawn with the seed;
-    none equal to, inside or containing a held-out prompt."""
-    words = EVERYDAY_TOPICS
-    held_out = held_out_prompts()
-    rng = random.Random(seed)
-    names = sorted(EVERYDAY_TEMPLATES)
-    chosen, seen = [], set()
-    while len(chosen) < count:
-        name = names[len(chosen) % len(names)]
-        a, b = rng.sample(words, 2)
-        text = EVERYDAY_TEMPLATES[name].format(a=a, b=b)
-        if text not in seen and not any(h in text or text in h for h in held_out):
-            seen.add(text)
-            chosen.append(Prompt("everyday", name, text))
-    rng.shuffle(chosen)
-    return chosen
 
 
 def recipe() -> dict:

@@ -24,6 +24,7 @@ class SpeculationPolicy:
         self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
         self.table, self.slack = table, slack  # the measured planner (spec/plan.md), when a table exists
         self.last_depth: tuple[int, str] = (k, "configured")
+        self._choices: dict = {}  # width -> the planner's DepthChoice
         self.setting = GateSetting.OFF if drafter == "none" else gate_setting(gate_cli, env)
         self.gate = MtpGate() if self.setting is GateSetting.AUTO else None
         self.pin_tokens = entry_pin_tokens_from_env(env)
@@ -46,7 +47,7 @@ class SpeculationPolicy:
         """The step to run for this batch, and whether it runs under the entry pin (not recorded).
         Sequences that are not eligible take plain rows inside a speculative step."""
         eligible = [s for s in batch if self.eligible(s)]
-        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs or self.planned_plain(len(batch)):
+        if self._always_plain(batch, eligible):
             return GateStep.PLAIN, False
         if self.gate is None:
             return GateStep.MTP, False
@@ -61,15 +62,19 @@ class SpeculationPolicy:
         """Drafts to propose per sequence this step: the planner's K, or the configured one."""
         if self.table is None:
             return self.k
-        choice = propose_depth(width, table=self.table, prior=self.table.calibration.by_depth, max_k=self.k,
-                               slack=self.slack, mtp_max_seqs=self.mtp_max_seqs)
+        choice = self._choices.get(width)
+        if choice is None:  # the table and prior are fixed: one choice per width
+            choice = self._choices[width] = propose_depth(
+                width, table=self.table, prior=self.table.calibration.by_depth, max_k=self.k,
+                slack=self.slack, mtp_max_seqs=self.mtp_max_seqs)
         self.last_depth = (choice.depth, choice.reason)
         return choice.depth
 
-    def planned_plain(self, width: int) -> bool:
-        """The measured planner says no draft pays at this width: plain decode, pin or probe aside
-        (a speculative step there would only cost, and it would stop plain steps' lookahead)."""
-        return self.table is not None and self.depth(width) < 1
+    def _always_plain(self, batch, eligible) -> bool:
+        """Speculation off, nobody eligible, over the mtp_max_seqs cap, or the measured planner says
+        no draft pays at this width (then pin and probes aside: such a step would only cost)."""
+        return (not self.enabled or not eligible or len(batch) > self.mtp_max_seqs
+                or (self.table is not None and self.depth(len(batch)) < 1))
 
     def allot(self, confidences: list[tuple[float, ...]], counts: list[int]) -> list[int]:
         """After drafting: how many of each sequence's drafts to verify (all, without a table)."""
@@ -82,7 +87,7 @@ class SpeculationPolicy:
     def next_is_plain(self, batch) -> bool:
         """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
         eligible = [s for s in batch if self.eligible(s)]
-        if not self.enabled or not eligible or len(batch) > self.mtp_max_seqs or self.planned_plain(len(batch)):
+        if self._always_plain(batch, eligible):
             return True
         if self.gate is None:
             return False

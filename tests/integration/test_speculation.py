@@ -51,7 +51,7 @@ def run(engine, ids, k, kind):
     return out[:N]
 
 
-def engine_for(kind, model):
+def engine_for(kind, model, model_dir):
     import mlx.core as mx
 
     from kernels.drafters import DraftModelDrafter, MtpDrafter
@@ -60,7 +60,7 @@ def engine_for(kind, model):
     from kernels.mtp_head import MTPConfig, MTPHead
 
     if kind == "shipped-mtp":
-        return Engine(model, drafter=build_drafter("mtp", model, default_model_dir(), None, None)[1])
+        return Engine(model, drafter=build_drafter("mtp", model, model_dir, None, None)[1])
     if kind == "draft-model":
         return Engine(model, drafter=DraftModelDrafter(model))
     if kind == "mtp":  # an untrained head of the model's shape: drafts are poor, the output must not change
@@ -71,17 +71,11 @@ def engine_for(kind, model):
     return Engine(model)
 
 
-def default_model_dir():
-    from kernels.default_model import ensure_default_model
-
-    return ensure_default_model()
-
-
 @pytest.mark.parametrize("kind,k", DRAFTER_KS, ids=[f"{d}-K{k}" for d, k in DRAFTER_KS])
-def test_greedy_speculation_is_byte_identical_on_the_default_model(target, kind, k):
+def test_greedy_speculation_is_byte_identical_on_the_default_model(target, model_dir, kind, k):
     model, codec, plain = target
     for name, text in PROMPTS.items():
-        spec = run(engine_for(kind, model), codec.encode(text), k, kind)
+        spec = run(engine_for(kind, model, model_dir), codec.encode(text), k, kind)
         assert codec.decode(spec) == codec.decode(plain[name]), name
         assert spec == plain[name], name
 
