@@ -93,13 +93,14 @@ class ModelOwner(Actor):
     def _prefill(self, msg: Prefill) -> Prefilled:
         started = time.perf_counter()
         p = msg.params
-        token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, msg.lookahead)
+        token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, msg.lookahead,
+                                    drafts=not p.disable_mtp)
         return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
 
     def _prefill_many(self, msg: PrefillMany) -> tuple[Prefilled, ...]:
         started = time.perf_counter()
-        items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed)
-                 for m in msg.items]
+        items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed,
+                  not m.params.disable_mtp) for m in msg.items]
         tokens = self.engine.prefill_many(items)
         seconds = time.perf_counter() - started
         return tuple(Prefilled(seq_id=m.seq_id, token=t, seconds=seconds) for m, t in zip(msg.items, tokens))

@@ -61,8 +61,8 @@ class Batch:
                 continue
             state.last, state.key = ahead.saved[seq_id]
             state.length -= 1
-            if engine.drafter is not None:
-                engine.drafter.undo_feed(state)
+            if (drafter := engine.drafter_of(state)) is not None:
+                drafter.undo_feed(state)
 
     def sync(self, engine, seq_ids: list[str]) -> None:
         """Apply pending rollbacks, drop rows not asked for, add newly prefilled sequences."""
@@ -131,9 +131,10 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
         used = len(drafts) + 1
         state.length += used
         state.pending_trim = width - used  # the padding goes at the next sync
-        if engine.drafter is not None:
+        drafter = engine.drafter_of(state)
+        if drafter is not None:
             row_hidden, row_tokens = hidden[b, :used], inputs[b][:used]
-            engine.drafter.verified(state, row_hidden) if drafts else engine.drafter.fed(state, row_tokens, row_hidden)
+            drafter.verified(state, row_hidden) if drafts else drafter.fed(state, row_tokens, row_hidden)
         results[seq_id] = _accept(state, logits[b, :used], greedy_rows[b][:used], drafts, use_q)
     return [results[seq_id] for seq_id, _, _ in rows]
 
@@ -176,8 +177,8 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
             token = sample(probs_from_logits(logits[b], state.temperature, state.top_p), state.next_key()).reshape(1)
         state.last = token.astype(mx.uint32)
         state.length += 1
-        if engine.drafter is not None:
-            engine.drafter.fed(state, inputs[b], hidden[b])
+        if (drafter := engine.drafter_of(state)) is not None:
+            drafter.fed(state, inputs[b], hidden[b])
         tokens.append(token.astype(mx.uint32))
     return mx.concatenate(tokens)
 

@@ -12,7 +12,8 @@ from kernels.sampling import probs_from_logits, sample
 
 
 def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | None]]) -> list[int]:
-    """items: (seq_id, prompt_ids, temperature, top_p, seed). Returns each sequence's first token."""
+    """items: (seq_id, prompt_ids, temperature, top_p, seed[, drafts]). Returns each sequence's
+    first token."""
     from kernels.engine import SeqState, _fresh_seed
 
     lengths = [len(ids) for _, ids, *_ in items]
@@ -21,9 +22,10 @@ def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | N
     tokens = mx.array([[0] * pad + list(ids) for pad, (_, ids, *_) in zip(pads, items)], dtype=mx.uint32)
     cache = [BatchKVCache(pads) for _ in engine.model.model.layers]
     states = []
-    for (seq_id, ids, temperature, top_p, seed), n in zip(items, lengths):
+    for (seq_id, ids, temperature, top_p, seed, *drafts), n in zip(items, lengths):
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n)
+        state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n,
+                                               drafts=all(drafts))
         states.append(state)
     done = 0
     while width - done > 1:
@@ -42,11 +44,10 @@ def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | N
 
 def _forward(engine, tokens, start: int, n: int, pads, cache, states) -> mx.array:
     hidden = engine.model.model(tokens[:, start:start + n], cache=cache)
-    if engine.drafter is not None:  # the drafter sees each row's real tokens, not its padding
-        for b, (pad, state) in enumerate(zip(pads, states)):
-            first = max(0, pad - start)
-            if first < n:
-                engine.drafter.fed(state, tokens[b, start + first:start + n], hidden[b, first:])
+    for b, (pad, state) in enumerate(zip(pads, states)):
+        first = max(0, pad - start)  # the drafter sees each row's real tokens, not its padding
+        if first < n and (drafter := engine.drafter_of(state)) is not None:
+            drafter.fed(state, tokens[b, start + first:start + n], hidden[b, first:])
     return output_head(engine.model)(hidden)
 
 

@@ -31,6 +31,7 @@ class SeqState:
     drafter: dict = field(default_factory=dict)  # the drafter's own per-sequence state
     draft_probs: mx.array | None = None  # q of the last drafts (sampled drafting only)
     pending_trim: int = 0  # entries a batch-resident sequence sheds at the batch's next sync
+    drafts: bool = True  # False (disable_mtp): never drafts, so the drafter is never fed either
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -50,9 +51,9 @@ class Engine:
 
     # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
-                seed: int | None, lookahead: bool) -> int:
+                seed: int | None, lookahead: bool, drafts: bool = True) -> int:
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key)
+        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key, drafts=drafts)
         self.seqs[seq_id] = state
         prompt = mx.array(prompt_ids, dtype=mx.uint32)
         done = 0
@@ -65,7 +66,8 @@ class Engine:
         return self._emit(state, y, lookahead and self.batch is None)
 
     def prefill_many(self, items) -> list[int]:
-        """mtp_batch: prefill several sequences in one forward; they join the batch at its next step."""
+        """mtp_batch: prefill several sequences in one forward; they join the batch at its next step.
+        items: (seq_id, prompt_ids, temperature, top_p, seed[, drafts])."""
         from kernels.batch_prefill import prefill_rows
 
         return prefill_rows(self, items)
@@ -83,6 +85,10 @@ class Engine:
                 y = self._step(state, state.last)
             out.append(self._emit(state, y, ahead))
         return out
+
+    def drafter_of(self, state: SeqState):
+        """The drafter that follows this sequence, or None: one that never drafts is not fed."""
+        return self.drafter if state.drafts else None
 
     def release(self, seq_id: str) -> None:
         self.seqs.pop(seq_id, None)
@@ -104,7 +110,7 @@ class Engine:
     def _forward(self, state: SeqState, tokens: mx.array, verifying: bool = False) -> mx.array:
         """Logits [L, V] for tokens [L], appended to the cache; the drafter sees what is committed."""
         state.length += tokens.shape[0]
-        drafter = self.drafter
+        drafter = self.drafter_of(state)
         if drafter is None or not drafter.wants_hidden:
             logits = self.model(tokens[None], cache=state.cache)[0]
             hidden = None
@@ -128,12 +134,14 @@ class Engine:
         if state.pending is not None:
             state.pending = None
             self._trim(state, 1)
-            if self.drafter is not None:
-                self.drafter.undo_feed(state)
+            if (drafter := self.drafter_of(state)) is not None:
+                drafter.undo_feed(state)
 
     def propose(self, seq_id: str, k: int) -> tuple[list[int], list[float]]:
         """Drafts from the model-side drafter (MTP head or draft model) and their confidences."""
         state = self.seqs[seq_id]
+        if not state.drafts:
+            raise ValueError(f"sequence {seq_id} was prefilled as one that never drafts (disable_mtp)")
         self.settle(state)
         ids, confidences, state.draft_probs = self.drafter.propose(state, k)
         return ids, confidences

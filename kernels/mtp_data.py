@@ -156,7 +156,10 @@ def build(args: argparse.Namespace) -> None:
     model = load(args.model).model
     tokenizer = load_tokenizer(args.model)
     prompts, ids = [], []
+    answered = answered_prompts(args.exclude_from)
     for prompt in _prompt_source(args):
+        if prompt.text in answered:
+            continue  # an earlier data folder has this answer already: a repeat would only reweight it
         encoded = chat_ids(tokenizer, prompt.text)
         if len(encoded) <= args.max_prompt_tokens:  # long ones are dropped, never cut mid-template
             prompts.append(prompt)
@@ -176,6 +179,15 @@ def build(args: argparse.Namespace) -> None:
         tokens = sum(len(t.tokens) for t in traces)
         print(f"shard {number}: {len(batch)} seqs {tokens} tokens "
               f"{time.perf_counter() - started:.1f}s", flush=True)
+
+
+def answered_prompts(folders: list[str]) -> set[str]:
+    """Prompt texts already answered in these data folders (their prompts.jsonl)."""
+    texts = set()
+    for folder in folders:
+        lines = (Path(folder).expanduser() / "prompts.jsonl").read_text().splitlines()
+        texts.update(json.loads(line)["text"] for line in lines if line.strip())
+    return texts
 
 
 def _prompt_source(args: argparse.Namespace):
@@ -219,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=400)
     parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exclude-from", nargs="*", default=[], metavar="DIR",
+                        help="skip prompts already answered in these data folders")
     # 24 of the 34 batches fit the time budget here (~3 min a batch on one shared core).
     parser.add_argument("--max-shards", type=int, default=24, help="stop after N batches (0: all)")
     build(parser.parse_args(argv))

@@ -180,3 +180,15 @@ def test_records_name_the_command_as_it_was_typed(monkeypatch):
     assert command_line("kernels.mtp_data") == "metrale train-mtp data --set everyday"
     monkeypatch.setattr("sys.argv", ["-m", "--steps", "5"])
     assert command_line("kernels.mtp_train") == "python -m kernels.mtp_train --steps 5"
+
+
+def test_data_can_skip_prompts_answered_in_earlier_folders(tmp_path):
+    from kernels.mtp_data import answered_prompts
+
+    for name, texts in (("a", ["one", "two"]), ("b", ["three"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "prompts.jsonl").write_text("".join(
+            json.dumps({"kind": "general", "template": "t", "text": t}) + "\n" for t in texts))
+    assert answered_prompts([str(tmp_path / "a"), str(tmp_path / "b")]) == {"one", "two", "three"}
+    assert answered_prompts([]) == set()

@@ -203,3 +203,32 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
     assert with_lookahead == without
     for s in ("0", "2"):
         assert with_lookahead[s] == plain(model, PROMPTS[int(s)], len(with_lookahead[s]))
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "mtp"])
+def test_a_sequence_that_never_drafts_is_never_fed(kind):
+    """disable_mtp: the drafter keeps no state for the sequence (its feed would be wasted work), the
+    sequence decodes as alone, and a drafting neighbour in the same batch is unaffected."""
+    from kernels.batch_engine import step_rows
+
+    model = tiny_llama(seed=4)
+    engine = make_engine(kind, model, batched=True)
+    firsts = engine.prefill_many([("on", PROMPTS[0], 0.0, 1.0, None), ("off", PROMPTS[1], 0.0, 1.0, None, False)])
+    outs = {"on": [firsts[0]], "off": [firsts[1]]}
+    for step in range(N):
+        if step % 2:
+            tokens = engine.decode(["on", "off"], [True, True])
+            outs["on"].append(tokens[0])
+            outs["off"].append(tokens[1])
+            continue
+        rows = [("on", engine.propose("on", 2)[0], True), ("off", [], False)]
+        (accepted, emitted), (_, plain_token) = step_rows(engine, rows)
+        engine.rollback("on", 2, accepted, emitted)
+        outs["on"] += emitted
+        outs["off"] += plain_token
+    assert engine.seqs["off"].drafter == {}
+    assert engine.seqs["on"].drafter != {}
+    with pytest.raises(ValueError, match="never drafts"):
+        engine.propose("off", 2)
+    assert outs["on"][:N] == plain(model, PROMPTS[0])
+    assert outs["off"][:N] == plain(model, PROMPTS[1])
