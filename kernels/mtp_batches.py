@@ -88,8 +88,13 @@ def windows(seqs: list[Sequence], width: int) -> list[tuple[int, int, int]]:
 
 
 class Batches:
-    def __init__(self, seqs: list[Sequence], index: np.ndarray, width: int, batch: int, seed: int):
+    """answers_only: targets and feature regression only where tokens[j+1] is an answer token, the
+    positions the head drafts from when serving (the prompt stays as attended context)."""
+
+    def __init__(self, seqs: list[Sequence], index: np.ndarray, width: int, batch: int, seed: int,
+                 answers_only: bool = False):
         self.seqs, self.index, self.batch, self.seed = seqs, index, batch, seed
+        self.answers_only = answers_only
         self.windows = windows(seqs, width)
         self.steps_per_epoch = max(1, len(self.windows) // batch)
         self._epoch, self._order = -1, []
@@ -129,6 +134,8 @@ class Batches:
             next_hidden[row, :length] = seq.hidden[start + 1 : stop + 1]
             tokens[row, :length] = seq.tokens[start + 1 : stop + 1]
             target = seq.argmax[start + 1 : stop + 1]
+            if self.answers_only:  # tokens[j+1] still in the prompt: nothing the head will draft
+                target = np.where(np.arange(start + 1, stop + 1) >= seq.prompt_len, target, -1)
             present[row, :length] = target >= 0
             targets[row, :length] = np.where(target >= 0, self.index[np.maximum(target, 0)], -1)
         return {

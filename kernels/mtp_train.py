@@ -227,8 +227,9 @@ def run(args: argparse.Namespace, base=None) -> Path:
     vocab = base.args.vocab_size
     draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
     index = draft_index(draft_ids, vocab)
-    batches = Batches(train_seqs, index, args.window, args.batch, args.seed)
-    val = Batches(val_seqs, index, args.window, args.batch, args.seed).all()
+    answers_only = args.loss_on == "answers"
+    batches = Batches(train_seqs, index, args.window, args.batch, args.seed, answers_only)
+    val = Batches(val_seqs, index, args.window, args.batch, args.seed, answers_only).all()
     log({"event": "data", "train_seqs": len(train_seqs), "val_seqs": len(val_seqs),
          "train_windows": len(batches.windows), "steps_per_epoch": batches.steps_per_epoch,
          "train_tokens": sum(len(s.tokens) for s in train_seqs),
@@ -265,6 +266,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="~/.cache/metrale/mtp/run")
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--depths", type=int, default=2, help="draft depths unrolled in training")
+    p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
+                   help="train (and validate) on answer positions only, or on prompts too")
     p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
     p.add_argument("--init-from", default=None, help="a trained head directory to continue from")
     p.add_argument("--init", choices=["identity", "last-layer", "random"], default="last-layer")

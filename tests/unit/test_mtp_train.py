@@ -147,6 +147,23 @@ def test_windows_and_batches_are_fixed_by_seed(data_dir):
     assert batch["hidden"].shape[:2] == batch["targets"].shape == batch["valid"].shape
 
 
+def test_answers_only_trains_on_the_positions_the_head_drafts_from(data_dir):
+    """A window's position j counts only where tokens[j+1] is an answer token; elsewhere the same."""
+    seqs = sequences_from(load_shards(data_dir))
+    index = draft_index(frequent_tokens(seqs, VOCAB, VOCAB), VOCAB)
+    everything = Batches(seqs, index, 64, 1, seed=0).all()
+    answers = Batches(seqs, index, 64, 1, seed=0, answers_only=True).all()
+    ranked = sorted(Batches(seqs, index, 64, 1, seed=0).windows, key=lambda w: (w[2], w[0], w[1]))
+    for (n, start, length), full, masked in zip(ranked, everything, answers):
+        in_answer = np.arange(start + 1, start + 1 + length) >= seqs[n].prompt_len
+        full_present, masked_present = np.array(full["present"][0]), np.array(masked["present"][0])
+        assert np.array_equal(masked_present[:length], full_present[:length] & in_answer)
+        targets = np.array(masked["targets"][0])[:length]
+        assert np.array_equal(targets[in_answer], np.array(full["targets"][0])[:length][in_answer])
+        assert (targets[~in_answer] == -1).all()
+    assert sum(int(np.array(b["present"]).sum()) for b in answers) < sum(int(np.array(b["present"]).sum()) for b in everything)
+
+
 def test_training_prompts_leave_the_held_out_sets_alone():
     held_out = []
     for name in ("chat", "code"):
