@@ -3,17 +3,20 @@
 Side by side in one run, on the default model with the same prompts: mlx-lm's own BatchGenerator
 (no speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request)
 and with speculation on (gate and planner on), both through a real server on loopback with one
-streaming client per request. Each width runs --rounds rounds, the three systems in an order
-rotated per round so machine drift hits all alike; a system's figures pool its rounds (tokens over
-seconds; latency percentiles over every gap). Last line: min_ratio_off_vs_batchgen=R
-min_ratio_on_vs_off=R (the smallest pooled ratio over the widths).
+streaming client per request. Each width runs --rounds rounds, the three systems back to back in an
+order rotated per round. A system's tok/s and latency pool its rounds; a ratio is the median over
+rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
+runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
+"on" server's batch steps that speculated. Last line: min_ratio_off_vs_batchgen=R
+min_ratio_on_vs_off=R (the smallest median ratio over the widths).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
+import statistics
+from collections import Counter
 
 from runtime.bench.common import table
 
@@ -39,28 +42,57 @@ SYSTEMS = ("batchgen", "mtp_batch_off", "mtp_batch_on")
 
 async def run(widths: list[int], max_tokens: int, rounds: int, port: int) -> int:
     from kernels.bare import BatchGeneratorRunner
-    from runtime.bench.serving import LoopbackServer, pooled, stream_clients
+    from runtime.bench.serving import LoopbackServer, pooled
 
     async with LoopbackServer(max(widths), port) as server:
         codec = server.system.codec
         batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
         rows, off_ratios, on_ratios = [], [], []
+        warm = [codec.encode(codec.chat_text(_chat(PROMPTS[0])))]
+        for name in SYSTEMS:  # untimed: first runs page weights in and build every code path once
+            await _one_run(name, server, batchgen, PROMPTS[:1], warm, 4, Counter())
         for width in widths:
             prompts = [PROMPTS[i % len(PROMPTS)] for i in range(width)]
             ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
             runs = {name: [] for name in SYSTEMS}
+            spec_steps = Counter()
             for r in range(rounds):
                 for name in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:
-                    runs[name].append(batchgen.run(ids, max_tokens) if name == "batchgen" else
-                                      await stream_clients(server.url, prompts, max_tokens, name == "mtp_batch_off"))
-            results = {name: pooled(runs[name]) for name in SYSTEMS}
-            for name, r in results.items():
-                rows.append([width, name, r.tokens, r.tok_s, r.itl_p50 * 1000, r.itl_p99 * 1000])
-            off_ratios.append(results["mtp_batch_off"].tok_s / results["batchgen"].tok_s)
-            on_ratios.append(results["mtp_batch_on"].tok_s / results["mtp_batch_off"].tok_s)
-    print(table(["clients", "system", "tokens", "agg_tok_s", "itl_p50_ms", "itl_p99_ms"], rows))
+                    runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
+            off = median_ratio(runs["mtp_batch_off"], runs["batchgen"])
+            on = median_ratio(runs["mtp_batch_on"], runs["mtp_batch_off"])
+            share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
+            for name, ratio, spec in (("batchgen", "", ""), ("mtp_batch_off", f"{off:.3f}", ""),
+                                      ("mtp_batch_on", f"{on:.3f}", f"{share:.2f}")):
+                r = pooled(runs[name])
+                rows.append([width, name, r.tokens, r.tok_s, r.itl_p50 * 1000, r.itl_p99 * 1000, ratio, spec])
+            off_ratios.append(off)
+            on_ratios.append(on)
+    print(table(["clients", "system", "tokens", "agg_tok_s", "itl_p50_ms", "itl_p99_ms", "ratio", "spec_steps"], rows))
+    print("ratio: off vs batchgen, on vs off (median over rounds of the ratio within a round)")
     print(f"min_ratio_off_vs_batchgen={min(off_ratios):.3f} min_ratio_on_vs_off={min(on_ratios):.3f}")
     return 0
+
+
+async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps: Counter):
+    from runtime.bench.serving import stream_clients
+
+    if name == "batchgen":
+        return batchgen.run(ids, max_tokens)
+    before = Counter(_steps_by_kind(server))
+    timing = await stream_clients(server.url, prompts, max_tokens, name == "mtp_batch_off")
+    if name == "mtp_batch_on":
+        spec_steps.update(Counter(_steps_by_kind(server)) - before)
+    return timing
+
+
+def _steps_by_kind(server) -> dict[str, int]:
+    return server.system.scheduler.describe()["mtp_batch"]["steps_by_kind"]
+
+
+def median_ratio(runs, baseline) -> float:
+    """Median over rounds of tok/s ratios within each round (runs and baseline paired by round)."""
+    return statistics.median(a.tok_s / b.tok_s for a, b in zip(runs, baseline))
 
 
 def _chat(text: str):
