@@ -71,15 +71,24 @@ def measure_acceptance(
     tokens, ending early at a stop id. batch > 1 runs the base on several prompts at once
     (left-padded; same tokens, faster); drafting always replays one sequence at a time.
     """
+    return measure_heads(model, [head], prompts, k_max, max_tokens, stop_ids=stop_ids, batch=batch)[0]
+
+
+def measure_heads(model, heads: Sequence[MTPHead], prompts: Iterable[Sequence[int]], k_max: int,
+                  max_tokens: int, *, stop_ids: Iterable[int] = (), batch: int = 1) -> list[AcceptanceReport]:
+    """measure_acceptance for several heads over one greedy run of the base (the costly part)."""
     prompts = [list(p) for p in prompts]
-    accepted, eligible = np.zeros(k_max, np.int64), np.zeros(k_max, np.int64)
+    accepted = [np.zeros(k_max, np.int64) for _ in heads]
+    eligible = [np.zeros(k_max, np.int64) for _ in heads]
     for start in range(0, len(prompts), batch):
         traces = generate_traces(model, prompts[start : start + batch], max_tokens,
                                  set(stop_ids), hidden_dtype=mx.float32)
         for trace in traces:
-            a, e = replay(model, head, trace.tokens, trace.hidden, trace.prompt_len, k_max)
-            accepted, eligible = accepted + a, eligible + e
-    return AcceptanceReport(k_max, len(prompts), tuple(accepted.tolist()), tuple(eligible.tolist()))
+            for n, head in enumerate(heads):
+                a, e = replay(model, head, trace.tokens, trace.hidden, trace.prompt_len, k_max)
+                accepted[n], eligible[n] = accepted[n] + a, eligible[n] + e
+    return [AcceptanceReport(k_max, len(prompts), tuple(a.tolist()), tuple(e.tolist()))
+            for a, e in zip(accepted, eligible)]
 
 
 def replay(model, head: MTPHead, tokens: list[int], hidden: np.ndarray, prompt_len: int, k_max: int):
@@ -134,26 +143,27 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="MTP head acceptance by draft position")
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
-    parser.add_argument("--head", default=str(shipped_head_dir()))
+    parser.add_argument("--head", nargs="+", default=[str(shipped_head_dir())],
+                        help="one or more heads, measured over the same base runs")
     parser.add_argument("--prompts", nargs="+", default=["tests/prompts/chat.jsonl", "tests/prompts/code.jsonl"])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--draft-vocab", type=int, default=0, help="shrink the head's vocabulary")
+    parser.add_argument("--draft-vocab", type=int, default=0, help="shrink the heads' vocabulary")
     parser.add_argument("--timing", action="store_true", help="also time drafting at k=1..K")
     args = parser.parse_args(argv)
     model, tokenizer = load(args.model).model, load_tokenizer(args.model)
-    head = load_mtp_head(args.head)
+    heads = [load_mtp_head(path) for path in args.head]
     if args.draft_vocab:
-        head = shrink_draft_vocab(head, args.draft_vocab)
+        heads = [shrink_draft_vocab(head, args.draft_vocab) for head in heads]
     if args.timing:
-        timing = {k: round(draft_ms(model, head, k), 2) for k in range(1, args.k + 1)}
+        timing = {k: round(draft_ms(model, heads[0], k), 2) for k in range(1, args.k + 1)}
         print(json.dumps({"draft_ms_by_k": timing}), flush=True)
     for path in args.prompts:
-        report = measure_acceptance(model, head, load_prompt_set(path, tokenizer), args.k,
-                                    args.max_tokens, stop_ids=eos_ids(tokenizer, args.model),
-                                    batch=args.batch)
-        print(json.dumps({"set": Path(path).stem, **report.as_dict()}), flush=True)
+        reports = measure_heads(model, heads, load_prompt_set(path, tokenizer), args.k, args.max_tokens,
+                                stop_ids=eos_ids(tokenizer, args.model), batch=args.batch)
+        for head_path, report in zip(args.head, reports):
+            print(json.dumps({"set": Path(path).stem, "head": head_path, **report.as_dict()}), flush=True)
 
 
 if __name__ == "__main__":

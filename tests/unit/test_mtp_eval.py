@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from kernels.mtp_eval import AcceptanceReport, load_prompt_set, measure_acceptance
+from kernels.mtp_eval import AcceptanceReport, load_prompt_set, measure_acceptance, measure_heads
 from kernels.mtp_head import MTPConfig, MTPHead
 from tests.tiny import tiny_llama
 
@@ -102,6 +102,13 @@ def test_batched_base_runs_measure_the_same(model):
     one = measure_acceptance(model, head, PROMPTS, 2, 8)
     batched = measure_acceptance(model, head, PROMPTS, 2, 8, batch=3)
     assert batched == one
+
+
+def test_several_heads_share_one_base_run_and_measure_as_alone(model):
+    first, second = random_head(), random_head(seed=3)
+    together = measure_heads(model, [first, second], PROMPTS, 2, 8, batch=2)
+    assert together == [measure_acceptance(model, first, PROMPTS, 2, 8),
+                        measure_acceptance(model, second, PROMPTS, 2, 8)]
 
 
 def test_stop_ids_end_the_continuation(model):
