@@ -74,8 +74,10 @@ def unrolled_outputs(head: MTPHead, base, hidden: mx.array, tokens: mx.array, de
 
 
 def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
-                  feature_weight: float = 1.0):
-    """(weighted loss, per-depth correct counts, per-depth target counts)."""
+                  feature_weight: float = 1.0, soft_weight: float = 0.0):
+    """(weighted loss, per-depth correct counts, per-depth target counts). soft_weight adds, as in
+    EAGLE, cross-entropy against the base's own next distribution over the draft vocabulary,
+    softmax(draft_lm_head(h_{j+1})): all it would say at j+1, not only its argmax."""
     targets, next_hidden = batch["targets"], batch["next_hidden"]
     width = targets.shape[1]
     total, correct, counted = mx.array(0.0), [], []
@@ -89,10 +91,18 @@ def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
         cross_entropy = (losses * mask).sum() / mx.maximum(mask.sum(), 1)
         error = (((out - next_hidden) ** 2).sum(-1) * present).sum()
         scale = ((next_hidden**2).sum(-1) * present).sum()
+        if soft_weight:
+            cross_entropy = cross_entropy + soft_weight * _soft_cross_entropy(head, logits, next_hidden, mask)
         total = total + (cross_entropy + feature_weight * error / mx.maximum(scale, 1e-6)) / (depth + 1)
         correct.append(((mx.argmax(logits, axis=-1) == targets) & mask).sum())
         counted.append(present.sum())
     return total, mx.stack(correct), mx.stack(counted)
+
+
+def _soft_cross_entropy(head: MTPHead, logits: mx.array, next_hidden: mx.array, mask: mx.array) -> mx.array:
+    teacher = mx.stop_gradient(mx.softmax(head.draft_lm_head(next_hidden), axis=-1))
+    losses = -(teacher * nn.log_softmax(logits, axis=-1)).sum(-1)
+    return (losses * mask).sum() / mx.maximum(mask.sum(), 1)
 
 
 def head_config(base_args, draft_vocab: int) -> MTPConfig:
@@ -184,7 +194,7 @@ def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, 
         log({"event": "resumed", "step": step})
     trainable(head, args.train_lm_head)
     loss_and_grad = nn.value_and_grad(
-        head, lambda b: unrolled_loss(head, base, b, args.depths, args.feature_weight))
+        head, lambda b: unrolled_loss(head, base, b, args.depths, args.feature_weight, args.soft_weight))
     started = time.perf_counter()
     last = min(args.steps, args.stop_after or args.steps)  # a run may stop early, to resume later
     while step < last:
@@ -268,6 +278,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--depths", type=int, default=2, help="draft depths unrolled in training")
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="train (and validate) on answer positions only, or on prompts too")
+    p.add_argument("--soft-weight", type=float, default=0.0,
+                   help="weight of cross-entropy against the base's next distribution (draft vocabulary)")
     p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
     p.add_argument("--init-from", default=None, help="a trained head directory to continue from")
     p.add_argument("--init", choices=["identity", "last-layer", "random"], default="last-layer")

@@ -96,6 +96,25 @@ def test_training_lowers_the_loss_and_records_itself(base, data_dir, tmp_path):
     assert load_mtp_head(out / "head").config.vocab_size == VOCAB
 
 
+def test_soft_targets_add_the_base_distribution_to_the_loss(base, data_dir, tmp_path):
+    """The soft term is cross-entropy against softmax(draft_lm_head(h_{j+1})): never below its
+    entropy, so it adds to the loss; a run with it trains and records its weight."""
+    from kernels.mtp_train import new_head, unrolled_loss
+
+    seqs = sequences_from(load_shards(data_dir))
+    ids = frequent_tokens(seqs, 48, VOCAB)
+    head = new_head(base, ids, "random", 0)
+    batch = Batches(seqs, draft_index(ids, VOCAB), 8, 2, seed=0).at(0)
+    hard, _, _ = unrolled_loss(head, base, batch, 2)
+    both, _, _ = unrolled_loss(head, base, batch, 2, soft_weight=1.0)
+    assert both.item() > hard.item()
+    out = tmp_path / "soft"
+    run(train_args(data_dir, out, 10, soft_weight=1.0), base=base)
+    losses = [r["loss"] for r in logged(out) if "loss" in r]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    assert json.loads((out / "train.json").read_text())["hyperparameters"]["soft_weight"] == 1.0
+
+
 def test_an_interrupted_run_resumes_to_the_same_head(base, data_dir, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(train_args(data_dir, straight, 6), base=base)
