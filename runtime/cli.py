@@ -69,13 +69,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # The MTP-head pipeline's stages, each a module of kernels/ with its own arguments.
-TRAIN_STAGES = {"data": "kernels.mtp_data", "train": "kernels.mtp_train", "eval": "kernels.mtp_eval"}
+TRAIN_STAGES = {"data": "kernels.mtp_data", "train": "kernels.mtp_train", "eval": "kernels.mtp_eval",
+                "ship": "kernels.mtp_ship"}
 
 
 def train_mtp(argv: list[str]) -> int:
     if not argv or argv[0] not in TRAIN_STAGES:
         print(f"usage: metrale train-mtp STAGE [options]; STAGE is one of: {', '.join(TRAIN_STAGES)} "
-              "(data: the base model's own answers and hidden states; train: the head; eval: acceptance)",
+              "(data: the base model's own answers and hidden states; train: the head; eval: acceptance; "
+              "ship: float16, cut vocabulary, record)",
               file=sys.stderr)
         return 2
     importlib.import_module(TRAIN_STAGES[argv[0]]).main(argv[1:])

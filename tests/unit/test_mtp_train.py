@@ -228,3 +228,17 @@ def test_data_can_skip_prompts_answered_in_earlier_folders(tmp_path):
             json.dumps({"kind": "general", "template": "t", "text": t}) + "\n" for t in texts))
     assert answered_prompts([str(tmp_path / "a"), str(tmp_path / "b")]) == {"one", "two", "three"}
     assert answered_prompts([]) == set()
+
+
+def test_ship_cuts_the_vocabulary_stores_float16_and_keeps_the_record(base, data_dir, tmp_path):
+    from kernels.mtp_ship import ship
+
+    trained = run(train_args(data_dir, tmp_path / "run", 2), base=base)
+    out = ship(trained, tmp_path / "shipped", 32, "metrale train-mtp ship")
+    stored = mx.load(str(out / HEAD_WEIGHTS))
+    assert stored["draft_lm_head.weight"].shape == (32, base.args.hidden_size)
+    assert stored["fc.weight"].dtype == mx.float16
+    assert stored["vocab_map"].tolist() == mx.load(str(trained / HEAD_WEIGHTS))["vocab_map"][:32].tolist()
+    record = json.loads((out / "train.json").read_text())
+    assert record["hyperparameters"]["steps"] == 2
+    assert record["shipped"] == {"draft_vocab": 32, "dtype": "float16", "command": "metrale train-mtp ship"}
