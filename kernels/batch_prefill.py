@@ -11,9 +11,8 @@ from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
-def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | None]]) -> list[int]:
-    """items: (seq_id, prompt_ids, temperature, top_p, seed[, drafts]). Returns each sequence's
-    first token."""
+def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | None, bool]]) -> list[int]:
+    """items: (seq_id, prompt_ids, temperature, top_p, seed, drafts). Returns each sequence's first token."""
     from kernels.engine import SeqState, _fresh_seed
 
     lengths = [len(ids) for _, ids, *_ in items]
@@ -22,10 +21,9 @@ def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | N
     tokens = mx.array([[0] * pad + list(ids) for pad, (_, ids, *_) in zip(pads, items)], dtype=mx.uint32)
     cache = [BatchKVCache(pads) for _ in engine.model.model.layers]
     states = []
-    for (seq_id, ids, temperature, top_p, seed, *drafts), n in zip(items, lengths):
+    for (seq_id, ids, temperature, top_p, seed, drafts), n in zip(items, lengths):
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n,
-                                               drafts=all(drafts))
+        state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts)
         states.append(state)
     done = 0
     while width - done > 1:

@@ -67,7 +67,7 @@ class Engine:
 
     def prefill_many(self, items) -> list[int]:
         """mtp_batch: prefill several sequences in one forward; they join the batch at its next step.
-        items: (seq_id, prompt_ids, temperature, top_p, seed[, drafts])."""
+        items: (seq_id, prompt_ids, temperature, top_p, seed, drafts)."""
         from kernels.batch_prefill import prefill_rows
 
         return prefill_rows(self, items)

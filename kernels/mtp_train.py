@@ -82,6 +82,8 @@ def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
     width = targets.shape[1]
     total, correct, counted = mx.array(0.0), [], []
     outputs = unrolled_outputs(head, base, batch["hidden"], batch["tokens"], depths)
+    # The base's next distribution is the same target at every depth: computed once.
+    teacher = _teacher(head, next_hidden) if soft_weight else None
     for depth, out in enumerate(outputs):
         logits = head.draft_lm_head(out)
         # Pass `depth` starts at position j = depth; earlier positions hold dummy inputs.
@@ -92,15 +94,18 @@ def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
         error = (((out - next_hidden) ** 2).sum(-1) * present).sum()
         scale = ((next_hidden**2).sum(-1) * present).sum()
         if soft_weight:
-            cross_entropy = cross_entropy + soft_weight * _soft_cross_entropy(head, logits, next_hidden, mask)
+            cross_entropy = cross_entropy + soft_weight * _soft_cross_entropy(teacher, logits, mask)
         total = total + (cross_entropy + feature_weight * error / mx.maximum(scale, 1e-6)) / (depth + 1)
         correct.append(((mx.argmax(logits, axis=-1) == targets) & mask).sum())
         counted.append(present.sum())
     return total, mx.stack(correct), mx.stack(counted)
 
 
-def _soft_cross_entropy(head: MTPHead, logits: mx.array, next_hidden: mx.array, mask: mx.array) -> mx.array:
-    teacher = mx.stop_gradient(mx.softmax(head.draft_lm_head(next_hidden), axis=-1))
+def _teacher(head: MTPHead, next_hidden: mx.array) -> mx.array:
+    return mx.stop_gradient(mx.softmax(head.draft_lm_head(next_hidden), axis=-1))
+
+
+def _soft_cross_entropy(teacher: mx.array, logits: mx.array, mask: mx.array) -> mx.array:
     losses = -(teacher * nn.log_softmax(logits, axis=-1)).sum(-1)
     return (losses * mask).sum() / mx.maximum(mask.sum(), 1)
 

@@ -116,7 +116,7 @@ def test_batched_rows_equal_each_sequence_alone(kind):
 
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    firsts = engine.prefill_many([(str(i), p, 0.0, 1.0, None) for i, p in enumerate(PROMPTS[:2])])
+    firsts = engine.prefill_many([(str(i), p, 0.0, 1.0, None, True) for i, p in enumerate(PROMPTS[:2])])
     outs = {i: [first] for i, first in enumerate(firsts)}
     step = 0
     while min(len(o) for o in outs.values()) < N:
@@ -178,7 +178,7 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
 
     def run(ahead: bool) -> dict[str, list[int]]:
         engine = make_engine(kind, model, batched=True)
-        firsts = engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None), ("1", PROMPTS[1], 0.9, 1.0, 7)])
+        firsts = engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None, True), ("1", PROMPTS[1], 0.9, 1.0, 7, True)])
         outs, done = {"0": [firsts[0]], "1": [firsts[1]]}, {}
         for step in range(1, 26):
             if step == 6:  # joins while a lookahead step is in flight
@@ -213,7 +213,7 @@ def test_a_sequence_that_never_drafts_is_never_fed(kind):
 
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    firsts = engine.prefill_many([("on", PROMPTS[0], 0.0, 1.0, None), ("off", PROMPTS[1], 0.0, 1.0, None, False)])
+    firsts = engine.prefill_many([("on", PROMPTS[0], 0.0, 1.0, None, True), ("off", PROMPTS[1], 0.0, 1.0, None, False)])
     outs = {"on": [firsts[0]], "off": [firsts[1]]}
     for step in range(N):
         if step % 2:
