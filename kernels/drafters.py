@@ -17,12 +17,16 @@ from kernels.loader import output_head
 from kernels.mtp_head import MTPHead
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
-_ABSORB_AFTER = 64  # exact pairs buffered before the head absorbs them (long plain stretches)
+# Exact pairs wait until the next propose, which absorbs them in the same forward: a sequence that
+# ends (or whose batch stays too wide to speculate) without drafting again never pays for them.
+# Past this many the head absorbs anyway, bounding memory and the catch-up one propose pays.
+_ABSORB_AFTER = 1024
 
 
 class MtpDrafter:
-    """Per sequence: `pairs` of (target hidden h_j, token t_j+1) not yet in the head's cache, and
-    `unpaired`, the newest hidden row, whose next token is the sequence's `last`."""
+    """Per sequence: `hidden`/`tokens`, the `pending` exact pairs (target hidden h_j, token t_j+1)
+    not yet in the head's cache, and `unpaired`, the newest hidden row, whose next token is the
+    sequence's `last`."""
 
     wants_hidden = True
 
@@ -34,34 +38,31 @@ class MtpDrafter:
 
     def _own(self, state) -> dict:
         if not state.drafter:
-            state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], unpaired=None, undo=None)
+            state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], pending=0, unpaired=None,
+                                 undo=None)
         return state.drafter
 
     def fed(self, state, tokens: mx.array, hidden: mx.array) -> None:
         d = self._own(state)
-        d["undo"] = (len(d["hidden"]), d["unpaired"])
+        if d["pending"] >= _ABSORB_AFTER:  # only pairs fed before: this feed stays undoable
+            self._absorb(d)
+        d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"])
         if d["unpaired"] is not None:
-            d["hidden"].append(d["unpaired"][None])
-            d["tokens"].append(tokens[:1])
+            self._add(d, d["unpaired"][None], tokens[:1])
         if tokens.shape[0] > 1:
-            d["hidden"].append(hidden[:-1])
-            d["tokens"].append(tokens[1:])
+            self._add(d, hidden[:-1], tokens[1:])
         d["unpaired"] = hidden[-1]
-        if len(d["hidden"]) > _ABSORB_AFTER:
-            h, t = self._take_pairs(d)
-            self.head.absorb(h, t, self.embed, self.norm, d["cache"])
 
     def undo_feed(self, state) -> None:
         d = self._own(state)
         if d["undo"] is not None:
-            count, d["unpaired"] = d["undo"]
+            count, d["pending"], d["unpaired"] = d["undo"]
             del d["hidden"][count:], d["tokens"][count:]
             d["undo"] = None
 
     def propose(self, state, k: int):
         d = self._own(state)
-        d["hidden"].append(d["unpaired"][None])
-        d["tokens"].append(state.last.astype(mx.uint32).reshape(1))
+        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
         h, t = self._take_pairs(d)
         d["unpaired"] = d["undo"] = None
         key = state.next_key() if state.temperature > 0 else None
@@ -76,14 +77,23 @@ class MtpDrafter:
         d = self._own(state)
         hidden = d.pop("verify_hidden")
         if accepted:  # (h of last, d_1), ..., (h of d_n-1, d_n): exact pairs
-            d["hidden"].append(hidden[:accepted])
-            d["tokens"].append(mx.array(emitted[:accepted], dtype=mx.uint32))
+            self._add(d, hidden[:accepted], mx.array(emitted[:accepted], dtype=mx.uint32))
         d["unpaired"] = hidden[accepted]  # its next token is the new last, emitted[-1]
+
+    def _absorb(self, d: dict) -> None:
+        h, t = self._take_pairs(d)
+        self.head.absorb(h, t, self.embed, self.norm, d["cache"])
+
+    @staticmethod
+    def _add(d: dict, hidden: mx.array, tokens: mx.array) -> None:
+        d["hidden"].append(hidden)
+        d["tokens"].append(tokens)
+        d["pending"] += tokens.shape[0]
 
     @staticmethod
     def _take_pairs(d: dict) -> tuple[mx.array, mx.array]:
         h, t = mx.concatenate(d["hidden"]), mx.concatenate(d["tokens"])
-        d["hidden"], d["tokens"] = [], []
+        d["hidden"], d["tokens"], d["pending"] = [], [], 0
         return h, t
 
 

@@ -89,8 +89,12 @@ def test_sampled_speculation_is_reproducible(kind):
     assert runs[0] == runs[1]
 
 
-def test_mtp_head_sees_exactly_the_committed_pairs():
-    """After plain and verify steps, the head's drafts equal a fresh head fed the whole history."""
+@pytest.mark.parametrize("absorb_after", [None, 3])
+def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, monkeypatch):
+    """After plain and verify steps, the head's drafts equal a fresh head fed the whole history, also
+    when pending pairs are absorbed between drafts (a small bound) and lookahead feeds are undone."""
+    if absorb_after is not None:
+        monkeypatch.setattr("kernels.drafters._ABSORB_AFTER", absorb_after)
     model = tiny_llama(seed=4)
     engine = make_engine("mtp", model)
     head, prompt = engine.drafter.head, PROMPTS[1]
@@ -106,6 +110,20 @@ def test_mtp_head_sees_exactly_the_committed_pairs():
     got_ids, got_logprobs = engine.propose("s", 3)
     assert got_ids == expected.ids
     assert got_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+def test_plain_decode_leaves_the_head_untouched_until_it_drafts():
+    """Exact pairs wait for the next draft: a sequence that only decodes plainly costs the head nothing."""
+    model = tiny_llama(seed=4)
+    engine = make_engine("mtp", model)
+    engine.prefill("s", PROMPTS[2], 0.0, 1.0, None, True)
+    for _ in range(12):
+        engine.decode(["s"], [True])
+    engine.settle(engine.seqs["s"])
+    d = engine.seqs["s"].drafter
+    assert d["cache"][0].offset == 0 and d["pending"] == len(PROMPTS[2]) - 1 + 12
+    engine.propose("s", 2)
+    assert d["cache"][0].offset == len(PROMPTS[2]) + 12 and d["pending"] == 0
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp"])
