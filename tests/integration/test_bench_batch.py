@@ -11,14 +11,20 @@ def test_ratios_pair_runs_by_round_and_take_the_median():
     slow_round = [Timing(10, 10.0, []), Timing(30, 1.0, []), Timing(20, 1.0, [])]
     baseline = [Timing(10, 5.0, []), Timing(30, 1.2, []), Timing(20, 1.0, [])]
     # Per round: 0.5, 1.2, 1.0 -> median 1.0; pooled tokens over seconds would say 0.6.
-    assert batch.median_ratio(slow_round, baseline) == 1.0
+    ratios = batch.round_ratios(slow_round, baseline)
+    assert ratios == [0.5, 1.2, 1.0]
+    line = batch.summary([ratios, [0.9, 0.95, 0.97]], [[1.1, 1.0, 0.99], [0.98, 1.01, 1.02]])
+    # A width is a loss only when every round is below 1.0: the second width of "off", none of "on".
+    assert line == ("min_ratio_off_vs_batchgen=0.950 min_ratio_on_vs_off=1.000 "
+                    "widths_lost_off_vs_batchgen=1 widths_lost_on_vs_off=0")
 
 
 def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys):
     assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    last = re.fullmatch(r"min_ratio_off_vs_batchgen=(\d+\.\d+) min_ratio_on_vs_off=(\d+\.\d+)", out[-1])
-    assert last and all(float(x) > 0 for x in last.groups())
+    last = re.fullmatch(r"min_ratio_off_vs_batchgen=(\d+\.\d+) min_ratio_on_vs_off=(\d+\.\d+) "
+                        r"widths_lost_off_vs_batchgen=([0-2]) widths_lost_on_vs_off=([0-2])", out[-1])
+    assert last and all(float(x) > 0 for x in last.groups()[:2])
     for width in (1, 2):
         for system in batch.SYSTEMS:
             assert any(re.match(rf"\s*{width}\s+{system}\s+{width * 4}\b", line) for line in out), (width, system)
