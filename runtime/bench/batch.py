@@ -35,15 +35,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per width, order rotated")
     parser.add_argument("--port", type=int, default=0, help="0: a free loopback port")
+    parser.add_argument("--prompts", choices=("mixed", "chat", "code"), default="mixed",
+                        help="mixed: eight everyday and programming prompts; chat, code: the held-out sets")
     args = parser.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
-    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port))
+    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts)))
+
+
+def prompt_texts(name: str) -> list[str]:
+    """The prompts clients cycle through (client i asks prompt i mod len)."""
+    from runtime.bench.spec import prompt_set
+
+    return PROMPTS if name == "mixed" else prompt_set(name, 32)
 
 
 SYSTEMS = ("batchgen", "mtp_batch_off", "mtp_batch_on")
 
 
-async def run(widths: list[int], max_tokens: int, rounds: int, port: int) -> int:
+async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS) -> int:
     from kernels.bare import BatchGeneratorRunner
     from runtime.bench.serving import LoopbackServer, pooled
 
@@ -51,11 +60,11 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int) -> int
         codec = server.system.codec
         batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
         rows, off_ratios, on_ratios = [], [], []  # per width: the ratio of each round
-        warm = [codec.encode(codec.chat_text(_chat(PROMPTS[0])))]
+        warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
         for name in SYSTEMS:  # untimed: first runs page weights in and build every code path once
-            await _one_run(name, server, batchgen, PROMPTS[:1], warm, 4, Counter())
+            await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
         for width in widths:
-            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(width)]
+            prompts = [texts[i % len(texts)] for i in range(width)]
             ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
             runs = {name: [] for name in SYSTEMS}
             spec_steps = Counter()

@@ -28,3 +28,10 @@ def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys):
     for width in (1, 2):
         for system in batch.SYSTEMS:
             assert any(re.match(rf"\s*{width}\s+{system}\s+{width * 4}\b", line) for line in out), (width, system)
+
+
+def test_prompt_sets_are_the_mixed_eight_or_a_held_out_set():
+    assert batch.prompt_texts("mixed") == batch.PROMPTS
+    code = batch.prompt_texts("code")
+    assert len(code) > 8 and all(isinstance(p, str) and p for p in code)
+    assert not set(code) & set(batch.prompt_texts("chat"))
