@@ -7,7 +7,9 @@ streaming client per request. Each width runs --rounds rounds, the three systems
 order rotated per round. A system's tok/s and latency pool its rounds; a ratio is the median over
 rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
 runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
-"on" server's batch steps that speculated. `range` is the smallest and largest ratio over the
+"on" server's batch steps that speculated. With --control, speculation off runs a second time
+per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
+machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio over the
 rounds: if the true median ratio were 1.0 or more, all R rounds would fall below 1.0 with
 probability at most 2^-R (3% at 5 rounds), so a width whose whole range is below 1.0 is counted as
 a measured loss. Last line: min_ratio_off_vs_batchgen=R min_ratio_on_vs_off=R (the smallest median
@@ -37,9 +39,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=0, help="0: a free loopback port")
     parser.add_argument("--prompts", choices=("mixed", "chat", "code"), default="mixed",
                         help="mixed: eight everyday and programming prompts; chat, code: the held-out sets")
+    parser.add_argument("--control", action="store_true", help="run speculation off twice per round (A/A)")
     args = parser.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
-    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts)))
+    systems = SYSTEMS + (CONTROL,) if args.control else SYSTEMS
+    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts), systems))
 
 
 def prompt_texts(name: str) -> list[str]:
@@ -50,9 +54,11 @@ def prompt_texts(name: str) -> list[str]:
 
 
 SYSTEMS = ("batchgen", "mtp_batch_off", "mtp_batch_on")
+CONTROL = "mtp_batch_off_again"
 
 
-async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS) -> int:
+async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS,
+              systems: tuple[str, ...] = SYSTEMS) -> int:
     from kernels.bare import BatchGeneratorRunner
     from runtime.bench.serving import LoopbackServer, pooled
 
@@ -61,21 +67,24 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
         batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
         rows, off_ratios, on_ratios = [], [], []  # per width: the ratio of each round
         warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
-        for name in SYSTEMS:  # untimed: first runs page weights in and build every code path once
+        for name in systems:  # untimed: first runs page weights in and build every code path once
             await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
         for width in widths:
             prompts = [texts[i % len(texts)] for i in range(width)]
             ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
-            runs = {name: [] for name in SYSTEMS}
+            runs = {name: [] for name in systems}
             spec_steps = Counter()
             for r in range(rounds):
-                for name in SYSTEMS[r % 3:] + SYSTEMS[:r % 3]:
+                shift = r % len(systems)
+                for name in systems[shift:] + systems[:shift]:
                     runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
             off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
             on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
             share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
-            for name, ratios, spec in (("batchgen", None, ""), ("mtp_batch_off", off, ""),
-                                       ("mtp_batch_on", on, f"{share:.2f}")):
+            lines = [("batchgen", None, ""), ("mtp_batch_off", off, ""), ("mtp_batch_on", on, f"{share:.2f}")]
+            if CONTROL in runs:
+                lines.append((CONTROL, round_ratios(runs[CONTROL], runs["mtp_batch_off"]), ""))
+            for name, ratios, spec in lines:
                 r = pooled(runs[name])
                 ratio, spread = (f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}..{max(ratios):.3f}") \
                     if ratios else ("", "")
@@ -84,7 +93,8 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
             on_ratios.append(on)
     print(table(["clients", "system", "tokens", "agg_tok_s", "itl_p50_ms", "itl_p99_ms", "ratio", "range",
                  "spec_steps"], rows))
-    print("ratio: off vs batchgen, on vs off (median over rounds of the ratio within a round); range: over rounds")
+    print("ratio: off vs batchgen, on vs off, off again vs off (median over rounds of the ratio within a round); "
+          "range: over rounds")
     print(summary(off_ratios, on_ratios))
     return 0
 
@@ -106,7 +116,7 @@ async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps:
     if name == "batchgen":
         return batchgen.run(ids, max_tokens)
     before = Counter(_steps_by_kind(server))
-    timing = await stream_clients(server.url, prompts, max_tokens, name == "mtp_batch_off")
+    timing = await stream_clients(server.url, prompts, max_tokens, disable_mtp=name != "mtp_batch_on")
     if name == "mtp_batch_on":
         spec_steps.update(Counter(_steps_by_kind(server)) - before)
     return timing

@@ -20,13 +20,13 @@ def test_ratios_pair_runs_by_round_and_take_the_median():
 
 
 def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys):
-    assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1"]) == 0
+    assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1", "--control"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     last = re.fullmatch(r"min_ratio_off_vs_batchgen=(\d+\.\d+) min_ratio_on_vs_off=(\d+\.\d+) "
                         r"widths_lost_off_vs_batchgen=([0-2]) widths_lost_on_vs_off=([0-2])", out[-1])
     assert last and all(float(x) > 0 for x in last.groups()[:2])
     for width in (1, 2):
-        for system in batch.SYSTEMS:
+        for system in batch.SYSTEMS + (batch.CONTROL,):
             assert any(re.match(rf"\s*{width}\s+{system}\s+{width * 4}\b", line) for line in out), (width, system)
 
 
