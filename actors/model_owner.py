@@ -1,7 +1,7 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, PrefillMany, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch (asks: replies
-Prefilled, Decoded, Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
+Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch (asks: replies
+Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -16,8 +16,8 @@ from typing import Any, assert_never
 from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
-    Decode, Decoded, Drafted, ModelInfo, Prefill, Prefilled, PrefillMany, Propose, ProposeMany, Release, Rollback, Verified,
-    VerifiedBatch, VerifyBatch, VerifyDrafts,
+    Decode, Decoded, Drafted, ModelInfo, Prefill, PrefillChunk, Prefilled, PrefillProgress, Propose, ProposeMany,
+    Release, Rollback, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
 
@@ -65,13 +65,13 @@ class ModelOwner(Actor):
             await self.on_thread(self.engine.close)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | PrefillMany | Decode | Release | Propose | ProposeMany | VerifyDrafts
+    async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
                      | VerifyBatch | Rollback) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
-            case PrefillMany():
-                return await self.on_thread(self._prefill_many, msg)
+            case PrefillChunk():
+                return await self.on_thread(self._prefill_chunk, msg)
             case Decode():
                 return await self.on_thread(self._decode, msg)
             case Propose():
@@ -97,13 +97,14 @@ class ModelOwner(Actor):
                                     drafts=not p.disable_mtp)
         return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
 
-    def _prefill_many(self, msg: PrefillMany) -> tuple[Prefilled, ...]:
+    def _prefill_chunk(self, msg: PrefillChunk) -> PrefillProgress:
         started = time.perf_counter()
         items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed,
                   not m.params.disable_mtp) for m in msg.items]
-        tokens = self.engine.prefill_many(items)
+        firsts, spent = self.engine.prefill_chunk(items, msg.budget or None)
         seconds = time.perf_counter() - started
-        return tuple(Prefilled(seq_id=m.seq_id, token=t, seconds=seconds) for m, t in zip(msg.items, tokens))
+        prefilled = tuple(Prefilled(seq_id=s, token=t, seconds=seconds) for s, t in (firsts or {}).items())
+        return PrefillProgress(prefilled=prefilled, tokens=spent, seconds=seconds)
 
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()

@@ -18,9 +18,10 @@ from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
     ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, DraftMany, Failed, Finished, Prefill,
-    PrefillMany, Release, Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
+    PrefillChunk, Prefilled, Release, Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
 )
 from runtime.modes import SchedulerMode
+from runtime.prefill_budget import PrefillBudget
 from runtime.speculation import SpeculationPolicy
 from runtime.sequence import Sequence, Status
 from runtime.text import IncrementalText, TextCodec
@@ -40,6 +41,9 @@ class Scheduler(Actor):
         self.waiting: deque[Sequence] = deque()
         self.active: dict[str, Sequence] = {}
         self.steps = 0
+        self.prefilling: list[Sequence] = []  # a group part-way through a chunked prefill
+        self.prefill_seconds = 0.0  # its chunks so far
+        self.budget = PrefillBudget()
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -67,10 +71,11 @@ class Scheduler(Actor):
                 assert_never(msg)
 
     async def step(self) -> None:
-        admitted = self.mode.admit(self.waiting, self.active)
-        group = self.mode.prefill_group
-        for start in range(0, len(admitted), group):
-            await self.prefill(admitted[start:start + group])
+        if self.mode.chunked_prefill:
+            await self.prefill_chunk()
+        else:
+            for seq in self.mode.admit(self.waiting, self.active):
+                await self.prefill(seq)
         batch = self.mode.decode_batch(self.active)
         if not batch:
             return
@@ -84,35 +89,69 @@ class Scheduler(Actor):
 
     def describe(self) -> dict:
         return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
-                "active": len(self.active), "speculation": self.policy.snapshot(), **self.mode.describe()}
+                "active": len(self.active), "speculation": self.policy.snapshot(),
+                "prefill_budget": self.budget.snapshot(), **self.mode.describe()}
 
     # --- work ------------------------------------------------------------------------------------
-    async def prefill(self, seqs: list[Sequence]) -> None:
-        """Prefill new sequences (together in one forward where the mode batches) and emit their first token."""
-        for seq in seqs:
-            seq.move(Status.PREFILLING)
-            self.active[seq.request_id] = seq
-        commands = tuple(Prefill(seq_id=s.request_id, prompt_ids=s.prompt_ids, params=s.params,
-                                 lookahead=self.mode.lookahead and s.params.max_tokens > 1) for s in seqs)
+    async def prefill(self, seq: Sequence) -> None:
+        """Prefill one sequence whole and emit its first token (serial)."""
+        self._start(seq)
+        command = Prefill(seq_id=seq.request_id, prompt_ids=seq.prompt_ids, params=seq.params,
+                          lookahead=self.mode.lookahead and seq.params.max_tokens > 1)
         try:
-            replies = (await self.owner.ask(commands[0]),) if len(commands) == 1 else \
-                await self.owner.ask(PrefillMany(items=commands))
+            reply = await self.owner.ask(command)
         except ActorFailure as e:
-            for seq in seqs:
+            return await self.fail(seq, e)
+        await self.prefilled(seq, reply, reply.seconds, together=1)
+
+    async def prefill_chunk(self) -> None:
+        """Start a group of newcomers, or go on with the one in flight: one chunk per step, sized by
+        the budget while others decode (their next token waits for it), unbounded while none do."""
+        items = ()
+        if not self.prefilling:
+            self.prefilling, self.prefill_seconds = self.mode.admit(self.waiting, self.active), 0.0
+            for seq in self.prefilling:
+                self._start(seq)
+            items = tuple(Prefill(seq_id=s.request_id, prompt_ids=s.prompt_ids, params=s.params, lookahead=False)
+                          for s in self.prefilling)
+        if not self.prefilling:
+            return
+        group = self.prefilling
+        budget = self.budget.tokens() if self.mode.decode_batch(self.active) else 0
+        try:
+            progress = await self.owner.ask(PrefillChunk(items=items, budget=budget))
+        except ActorFailure as e:
+            self.prefilling = []
+            for seq in group:
                 await self.fail(seq, e)
             return
-        for seq, reply in zip(seqs, replies):
-            seq.move(Status.DECODING)
-            self.log.info("prefilled", request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids),
-                          seconds=round(reply.seconds, 4), together=len(seqs),
-                          queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
-            await self.telemetry.tell(Sample(name="prefill_seconds", value=reply.seconds, kind="observe"))
-            await self.emit(seq, [reply.token])
+        self.budget.note_prefill(progress.tokens, progress.seconds)
+        self.prefill_seconds += progress.seconds
+        if not progress.prefilled:
+            return
+        self.prefilling = []
+        replies = {p.seq_id: p for p in progress.prefilled}
+        for seq in group:
+            if seq.status is Status.PREFILLING:  # not cancelled while its group prefilled
+                await self.prefilled(seq, replies[seq.request_id], self.prefill_seconds, together=len(group))
+
+    def _start(self, seq: Sequence) -> None:
+        seq.move(Status.PREFILLING)
+        self.active[seq.request_id] = seq
+
+    async def prefilled(self, seq: Sequence, reply: Prefilled, seconds: float, together: int) -> None:
+        seq.move(Status.DECODING)
+        self.log.info("prefilled", request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids),
+                      seconds=round(seconds, 4), together=together,
+                      queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
+        await self.telemetry.tell(Sample(name="prefill_seconds", value=seconds, kind="observe"))
+        await self.emit(seq, [reply.token])
 
     async def plain_step(self, batch: list[Sequence]) -> None:
         ids = tuple(s.request_id for s in batch)
-        # Start the next plain step early when it will likely be one (nobody waiting to join).
-        ahead = self.mode.lookahead and not self.waiting and self.policy.next_is_plain(batch)
+        # Start the next plain step early when it will likely be one: nobody waiting or prefilling
+        # to join (a group that joins makes the owner drop that early step).
+        ahead = self.mode.lookahead and not self.waiting and not self.prefilling and self.policy.next_is_plain(batch)
         started = time.perf_counter()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))
@@ -186,6 +225,7 @@ class Scheduler(Actor):
         return Draft(seq_id=seq.request_id, history=history, k=k)
 
     async def after_step(self, step: GateStep, pinned: bool, wall: float, batch, tokens: int) -> None:
+        self.budget.note_step(wall)
         phase = "step_mtp" if step is GateStep.MTP else "step_plain"
         await self.telemetry.tell(Sample(name="sched_phase_seconds", value=wall, kind="observe",
                                          labels=(("phase", phase),)))

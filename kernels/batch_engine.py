@@ -36,6 +36,7 @@ class Batch:
         self.ids: list[str] = []
         self.cache: list[BatchKVCache] | None = None
         self.incoming: list[tuple[list[str], list[BatchKVCache]]] = []  # prefilled together, not joined yet
+        self.prefilling = None  # a PrefillGroup part-way through a chunked prefill
         self.ahead: Ahead | None = None
 
     def take_ahead(self, seq_ids) -> tuple[list[str], mx.array] | None:

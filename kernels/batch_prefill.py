@@ -1,5 +1,9 @@
-"""Prefill several new sequences in one forward (mtp_batch): prompts left-padded into a fresh batch
-cache, which joins the running batch at its next step. Mirrors mlx-lm's batched prefill."""
+"""Prefill several new sequences together (mtp_batch): prompts left-padded into a fresh batch cache,
+which joins the running batch at its next step. Mirrors mlx-lm's batched prefill.
+
+A group may prefill over several steps (chunked prefill): each call runs at most a budget of padded
+tokens, so the running batch's next decode step waits for one chunk, not for the whole group.
+"""
 
 from __future__ import annotations
 
@@ -11,41 +15,61 @@ from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 
 
-def prefill_rows(engine, items: list[tuple[str, list[int], float, float, int | None, bool]]) -> list[int]:
+class PrefillGroup:
+    """Sequences prefilling together: their left-padded prompts, batch cache and progress."""
+
+    def __init__(self, engine, items: list[tuple[str, list[int], float, float, int | None, bool]]):
+        from kernels.engine import SeqState, _fresh_seed
+
+        lengths = [len(ids) for _, ids, *_ in items]
+        self.ids = [seq_id for seq_id, *_ in items]
+        self.width, self.done = max(lengths), 0
+        self.pads = [self.width - n for n in lengths]
+        self.tokens = mx.array([[0] * pad + list(ids) for pad, (_, ids, *_) in zip(self.pads, items)],
+                               dtype=mx.uint32)
+        self.cache = [BatchKVCache(self.pads) for _ in engine.model.model.layers]
+        self.states = []
+        for (seq_id, ids, temperature, top_p, seed, drafts), n in zip(items, lengths):
+            key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
+            state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts)
+            self.states.append(state)
+
+
+def prefill_rows(engine, items) -> list[int]:
     """items: (seq_id, prompt_ids, temperature, top_p, seed, drafts). Returns each sequence's first token."""
-    from kernels.engine import SeqState, _fresh_seed
+    firsts, _ = advance(engine, PrefillGroup(engine, items), budget=None)
+    return firsts
 
-    lengths = [len(ids) for _, ids, *_ in items]
-    width = max(lengths)
-    pads = [width - n for n in lengths]
-    tokens = mx.array([[0] * pad + list(ids) for pad, (_, ids, *_) in zip(pads, items)], dtype=mx.uint32)
-    cache = [BatchKVCache(pads) for _ in engine.model.model.layers]
-    states = []
-    for (seq_id, ids, temperature, top_p, seed, drafts), n in zip(items, lengths):
-        key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts)
-        states.append(state)
-    done = 0
-    while width - done > 1:
-        n = min(engine.prefill_step, width - done - 1)
-        _forward(engine, tokens, done, n, pads, cache, states)
-        mx.eval([c.state for c in cache])
-        done += n
-    logits = _forward(engine, tokens, done, 1, pads, cache, states)[:, -1]
-    firsts = [_first_token(state, logits[b]) for b, state in enumerate(states)]
+
+def advance(engine, group: PrefillGroup, budget: int | None) -> tuple[list[int] | None, int]:
+    """Prefill up to `budget` padded tokens (rows x positions; None: the rest). Returns each
+    sequence's first token once the group is done (else None), and the padded tokens run."""
+    rows = len(group.states)
+    positions = group.width if budget is None else max(1, budget // rows)
+    spent = 0
+    while group.width - group.done > 1 and spent < positions:
+        n = min(engine.prefill_step, group.width - group.done - 1, positions - spent)
+        _forward(engine, group, n)
+        mx.eval([c.state for c in group.cache])
+        group.done, spent = group.done + n, spent + n
+    if group.width - group.done > 1:
+        return None, spent * rows
+    logits = _forward(engine, group, 1)[:, -1]
+    firsts = [_first_token(state, logits[b]) for b, state in enumerate(group.states)]
     mx.eval(firsts)
-    for state, first in zip(states, firsts):
+    for state, first in zip(group.states, firsts):
         state.last = first.reshape(1).astype(mx.uint32)
-    engine.batch.incoming.append(([seq_id for seq_id, *_ in items], cache))
-    return [int(f.item()) for f in firsts]
+    engine.batch.incoming.append((group.ids, group.cache))
+    return [int(f.item()) for f in firsts], (spent + 1) * rows
 
 
-def _forward(engine, tokens, start: int, n: int, pads, cache, states) -> mx.array:
-    hidden = engine.model.model(tokens[:, start:start + n], cache=cache)
-    for b, (pad, state) in enumerate(zip(pads, states)):
+def _forward(engine, group: PrefillGroup, n: int) -> mx.array:
+    start = group.done
+    hidden = engine.model.model(group.tokens[:, start:start + n], cache=group.cache)
+    for b, (pad, state) in enumerate(zip(group.pads, group.states)):
         first = max(0, pad - start)  # the drafter sees each row's real tokens, not its padding
         if first < n and (drafter := engine.drafter_of(state)) is not None:
-            drafter.fed(state, tokens[b, start + first:start + n], hidden[b, first:])
+            drafter.fed(state, group.tokens[b, start + first:start + n], hidden[b, first:])
     return output_head(engine.model)(hidden)
 
 

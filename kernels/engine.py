@@ -72,6 +72,27 @@ class Engine:
 
         return prefill_rows(self, items)
 
+    def prefill_chunk(self, items, budget: int | None) -> tuple[dict[str, int] | None, int]:
+        """mtp_batch chunked prefill: start a group (items as for prefill_many) or, with no items, go
+        on with the one in flight, running at most `budget` padded tokens (None: the rest). Returns
+        each sequence's first token once the group is done (else None) and the padded tokens run."""
+        from kernels.batch_prefill import PrefillGroup, advance
+
+        if items:
+            self.batch.prefilling = PrefillGroup(self, items)
+        group = self.batch.prefilling
+        try:
+            firsts, spent = advance(self, group, budget)
+        except BaseException:
+            self.batch.prefilling = None  # the scheduler fails the group's sequences
+            for seq_id in group.ids:
+                self.seqs.pop(seq_id, None)
+            raise
+        if firsts is None:
+            return None, spent
+        self.batch.prefilling = None
+        return dict(zip(group.ids, firsts)), spent
+
     def decode(self, seq_ids, lookahead) -> list[int]:
         if self.batch is not None:  # one forward over every sequence
             from kernels.batch_engine import plain_rows

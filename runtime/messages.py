@@ -129,10 +129,13 @@ class Prefill(_Msg, frozen=True):
     lookahead: bool = True
 
 
-class PrefillMany(_Msg, frozen=True):
-    """Prefill several sequences in one forward (mtp_batch); replies one Prefilled each."""
+class PrefillChunk(_Msg, frozen=True):
+    """mtp_batch: start prefilling several sequences together (items), or with no items go on with
+    the group in flight; at most `budget` padded tokens (rows x positions) now, 0: the rest.
+    Replies PrefillProgress."""
 
     items: tuple[Prefill, ...]
+    budget: int
 
 
 class Decode(_Msg, frozen=True):
@@ -149,6 +152,14 @@ class Release(_Msg, frozen=True):
 class Prefilled(_Msg, frozen=True):
     seq_id: str
     token: int
+    seconds: float
+
+
+class PrefillProgress(_Msg, frozen=True):
+    """One Prefilled per sequence once the group is done (empty before); the padded tokens run."""
+
+    prefilled: tuple[Prefilled, ...]
+    tokens: int
     seconds: float
 
 
@@ -233,7 +244,7 @@ class Rollback(_Msg, frozen=True):
     emitted: tuple[int, ...]
 
 
-OwnerCommand = Prefill | PrefillMany | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
+OwnerCommand = Prefill | PrefillChunk | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 

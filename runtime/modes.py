@@ -3,7 +3,8 @@
 Pure policy over the scheduler's containers; the scheduler does the work.
 - serial: one request at a time on the plain serial path (with one step of lookahead).
 - mtp_batch: continuous batching; requests join between steps up to max_active_requests and leave
-  as soon as they end; the batch speculates when the gate says it pays (spec/plan.md caps it at
+  as soon as they end; a group of newcomers prefills in chunks between the running batch's steps
+  (runtime/prefill_budget.py sizes them); the batch speculates when the gate says it pays (spec/plan.md caps it at
   mtp_max_seqs).
 """
 
@@ -21,6 +22,7 @@ class SchedulerMode(Protocol):
     lookahead: bool
     batch_wait_s: float
     prefill_group: int
+    chunked_prefill: bool  # a group prefills over several steps (PrefillChunk), not in one Prefill
 
     def admit(self, waiting: deque[Sequence], active: dict[str, Sequence]) -> list[Sequence]: ...
 
@@ -42,6 +44,7 @@ class SerialMode:
     lookahead = True
     batch_wait_s = 0.0
     prefill_group = 1
+    chunked_prefill = False
 
     def __init__(self):
         self.steps: Counter[str] = Counter()
@@ -65,6 +68,7 @@ class MtpBatchMode:
     name = "mtp_batch"
     lookahead = True  # plain batch steps start the next one before reading their tokens
     prefill_group = 8  # new requests prefill together, up to this many per forward
+    chunked_prefill = True
 
     def __init__(self, max_active: int, batch_wait_ms: float):
         self.max_active, self.batch_wait_s = max_active, batch_wait_ms / 1000.0

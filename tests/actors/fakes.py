@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from runtime.actor import Actor
-from runtime.messages import Decode, Decoded, Prefill, Prefilled, PrefillMany, Release
+from runtime.messages import Decode, Decoded, Prefill, PrefillChunk, Prefilled, PrefillProgress, Release
 
 EOS = 0
 
@@ -39,6 +39,9 @@ class ScriptedOwner(Actor):
         self.positions: dict[str, int] = {}
         self.released: list[str] = []
         self.prefill_groups: list[int] = []
+        self.group: list[str] = []  # the chunked prefill in flight
+        self.group_left = 0  # its padded positions still to run
+        self.budgets: list[int] = []  # each PrefillChunk's budget
         self.commands: list[str] = []  # message kinds in arrival order
         self.info = None
 
@@ -57,13 +60,28 @@ class ScriptedOwner(Actor):
         match msg:
             case Prefill():
                 return Prefilled(seq_id=msg.seq_id, token=self._next(msg.seq_id), seconds=0.0)
-            case PrefillMany():
-                self.prefill_groups.append(len(msg.items))
-                return tuple(Prefilled(seq_id=m.seq_id, token=self._next(m.seq_id), seconds=0.0) for m in msg.items)
+            case PrefillChunk():
+                return self._chunk(msg)
             case Decode():
                 return Decoded(tokens=tuple(self._next(s) for s in msg.seq_ids), seconds=0.001)
             case Release():
                 self.released.append(msg.seq_id)
+
+
+    def _chunk(self, msg: PrefillChunk) -> PrefillProgress:
+        """Runs budget // rows positions of the group's longest prompt per chunk (0: all of it)."""
+        if msg.items:
+            self.prefill_groups.append(len(msg.items))
+            self.group = [m.seq_id for m in msg.items]
+            self.group_left = max(len(m.prompt_ids) for m in msg.items)
+        self.budgets.append(msg.budget)
+        rows = len(self.group)
+        run = self.group_left if not msg.budget else min(self.group_left, max(1, msg.budget // rows))
+        self.group_left -= run
+        if self.group_left:
+            return PrefillProgress(prefilled=(), tokens=run * rows, seconds=0.001)
+        prefilled = tuple(Prefilled(seq_id=s, token=self._next(s), seconds=0.001) for s in self.group)
+        return PrefillProgress(prefilled=prefilled, tokens=run * rows, seconds=0.001)
 
 
 class Collector(Actor):

@@ -87,10 +87,61 @@ async def test_a_burst_of_arrivals_prefills_one_group_per_step():
     async with asyncio.timeout(5):
         while len(events.terminals()) < 12:
             await asyncio.sleep(0.002)
-    steps = [c for c in owner.commands if c in ("PrefillMany", "Decode")]
+    steps = [c for c in owner.commands if c in ("PrefillChunk", "Decode")]
     assert owner.prefill_groups == [8, 4]
     # the running group decodes between the two prefills instead of waiting for both
-    assert steps[:3] == ["PrefillMany", "Decode", "PrefillMany"]
+    assert steps[:3] == ["PrefillChunk", "Decode", "PrefillChunk"]
     assert all(isinstance(e, Finished) for e in events.terminals())
+    for actor in reversed(actors):
+        await actor.close()
+
+
+async def test_a_long_prompt_prefills_in_chunks_between_the_running_batch_steps():
+    owner, events, scheduler, actors = await started("off")
+    owner.step_delay = 0.001
+    await scheduler.tell(admitted("a", 30))
+    async with asyncio.timeout(5):
+        while not [e for e in events.of("a") if isinstance(e, TokensEmitted)]:
+            await asyncio.sleep(0.001)
+    long = Admitted(request_id="long", prompt_ids=tuple(range(1, 2001)), submitted_at=0.0,
+                    params=SamplingParams(max_tokens=4))
+    await scheduler.tell(long)
+    async with asyncio.timeout(5):
+        while len(events.terminals()) < 2:
+            await asyncio.sleep(0.002)
+    assert all(isinstance(e, Finished) for e in events.terminals())
+    assert owner.budgets[0] == 0  # nobody was decoding: "a" prefilled whole
+    chunks = owner.budgets[1:]
+    # Bounded while "a" decodes; once it has finished, the rest of the prompt runs in one go.
+    assert len(chunks) >= 2 and all(0 < b <= 4096 for b in chunks[:-1]) and chunks[-1] >= 0
+    # "a" kept stepping between the chunks of the long prompt
+    after_first = owner.commands[owner.commands.index("PrefillChunk", 1):]
+    between = after_first[:after_first.index("PrefillChunk", 1) + 1]
+    assert "Decode" in between or "VerifyDrafts" in between
+    for actor in reversed(actors):
+        await actor.close()
+
+
+async def test_cancelling_a_request_while_its_group_prefills_ends_it_once():
+    owner, events, scheduler, actors = await started("off")
+    owner.step_delay = 0.002
+    await scheduler.tell(admitted("a", 40))
+    async with asyncio.timeout(5):
+        while not [e for e in events.of("a") if isinstance(e, TokensEmitted)]:
+            await asyncio.sleep(0.001)
+    for rid in ("x", "y"):
+        await scheduler.tell(Admitted(request_id=rid, prompt_ids=tuple(range(1, 3001)), submitted_at=0.0,
+                                      params=SamplingParams(max_tokens=3)))
+    async with asyncio.timeout(5):
+        while not scheduler.prefilling:
+            await asyncio.sleep(0.001)
+    await scheduler.tell(Cancel(request_id="x"))
+    async with asyncio.timeout(5):
+        while len(events.terminals()) < 3:
+            await asyncio.sleep(0.002)
+    done = {e.request_id: type(e).__name__ for e in events.terminals()}
+    assert done == {"a": "Finished", "x": "Cancelled", "y": "Finished"}
+    assert not [e for e in events.of("x") if isinstance(e, TokensEmitted)]
+    assert "x" in owner.released
     for actor in reversed(actors):
         await actor.close()

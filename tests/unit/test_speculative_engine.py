@@ -250,3 +250,39 @@ def test_a_sequence_that_never_drafts_is_never_fed(kind):
         engine.propose("off", 2)
     assert outs["on"][:N] == plain(model, PROMPTS[0])
     assert outs["off"][:N] == plain(model, PROMPTS[1])
+
+
+@pytest.mark.parametrize("kind", ["none", "mtp"])
+def test_a_group_prefilled_in_chunks_between_steps_decodes_as_alone(kind):
+    """Chunked prefill: a group of two (different lengths, so left padding) prefills a few positions
+    per call while a running sequence keeps decoding with lookahead, then joins; every sequence's
+    greedy output equals its plain decode alone, and the MTP head saw exactly the committed pairs."""
+    model = tiny_llama(seed=4)
+    engine = make_engine(kind, model, batched=True)
+    outs = {"0": engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None, True)])}
+    chunks, firsts = 0, None
+    group = [("1", PROMPTS[1], 0.0, 1.0, None, True), ("2", PROMPTS[2], 0.0, 1.0, None, True)]
+    while True:
+        firsts, spent = engine.prefill_chunk(group if chunks == 0 else [], budget=8)
+        chunks += 1
+        assert spent <= 8 + 2  # two rows x four positions, plus the final position once done
+        if firsts is not None:
+            break
+        outs["0"] += engine.decode(["0"], [True])  # its lookahead step survives the chunks
+    assert chunks == -(-(len(PROMPTS[2]) - 1) // 4)  # the longest prompt, four positions per chunk
+    outs.update({s: [t] for s, t in firsts.items()})
+    while min(len(o) for o in outs.values()) < N:
+        for s, token in zip(list(outs), engine.decode(list(outs), [True] * len(outs))):
+            outs[s].append(token)
+    for s, out in outs.items():
+        assert out[:N] == plain(model, PROMPTS[int(s)]), s
+    if kind == "mtp":  # the head drafts as if fed the whole history at once
+        state = engine.seqs["2"]
+        engine.batch.drop_ahead(engine)
+        history = mx.array(PROMPTS[2] + outs["2"], dtype=mx.uint32)
+        hidden = model.model(history[None])[0]
+        drafter = engine.drafter
+        expected = drafter.head.draft(hidden[:-1], history[1:], 2, drafter.embed, drafter.norm, drafter.lm_head,
+                                      drafter.head.make_cache())
+        assert state.length == history.size - 1
+        assert engine.propose("2", 2)[0] == expected.ids

@@ -1,0 +1,39 @@
+"""How many padded prompt tokens one mtp_batch step may prefill (chunked prefill), by measurement.
+
+A chunk should cost about one decode step of the running batch: while newcomers prefill, the
+running requests' inter-token latency at most doubles instead of stalling for a whole group, and a
+newcomer still starts within a few steps. Pure policy: the scheduler passes measured times in.
+"""
+
+from __future__ import annotations
+
+FLOOR = 32  # tokens: below this a chunk's fixed costs dominate and newcomers wait for many steps
+CEILING = 4096
+UNMEASURED = 256  # until both a prefill chunk and a decode step have been timed
+WEIGHT = 0.3  # EWMA weight of the newest measurement
+
+
+class PrefillBudget:
+    def __init__(self):
+        self.prefill_tok_s: float | None = None  # padded tokens per second of prefill chunks
+        self.step_s: float | None = None  # wall seconds of a decode step
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.prefill_tok_s = _ewma(self.prefill_tok_s, tokens / seconds)
+
+    def note_step(self, seconds: float) -> None:
+        if seconds > 0:
+            self.step_s = _ewma(self.step_s, seconds)
+
+    def tokens(self) -> int:
+        if self.prefill_tok_s is None or self.step_s is None:
+            return UNMEASURED
+        return max(FLOOR, min(CEILING, round(self.step_s * self.prefill_tok_s)))
+
+    def snapshot(self) -> dict:
+        return {"tokens": self.tokens(), "prefill_tok_s": self.prefill_tok_s, "step_s": self.step_s}
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - WEIGHT) * old + WEIGHT * new
