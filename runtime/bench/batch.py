@@ -10,9 +10,10 @@ runs of one round alike, and one bad round cannot move a median). `spec_steps` i
 "on" server's batch steps that speculated. With --control, speculation off runs a second time
 per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
 machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio over the
-rounds: if the true median ratio were 1.0 or more, all R rounds would fall below 1.0 with
-probability at most 2^-R (3% at 5 rounds), so a width whose whole range is below 1.0 is counted as
-a measured loss. Last line: min_ratio_off_vs_batchgen=R min_ratio_on_vs_off=R (the smallest median
+rounds: if the true median ratio were 1.0 or more and rounds were independent, all R rounds would
+fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a width whose whole range is
+below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this machine's
+rounds are from independent). Last line: min_ratio_off_vs_batchgen=R min_ratio_on_vs_off=R (the smallest median
 ratio over the widths) widths_lost_off_vs_batchgen=N widths_lost_on_vs_off=N.
 """
 
