@@ -35,12 +35,6 @@ class PrefillGroup:
             self.states.append(state)
 
 
-def prefill_rows(engine, items) -> list[int]:
-    """items: (seq_id, prompt_ids, temperature, top_p, seed, drafts). Returns each sequence's first token."""
-    firsts, _ = advance(engine, PrefillGroup(engine, items), budget=None)
-    return firsts
-
-
 def advance(engine, group: PrefillGroup, budget: int | None) -> tuple[list[int] | None, int]:
     """Prefill up to `budget` padded tokens (rows x positions; None: the rest). Returns each
     sequence's first token once the group is done (else None), and the padded tokens run."""

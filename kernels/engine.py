@@ -68,9 +68,8 @@ class Engine:
     def prefill_many(self, items) -> list[int]:
         """mtp_batch: prefill several sequences in one forward; they join the batch at its next step.
         items: (seq_id, prompt_ids, temperature, top_p, seed, drafts)."""
-        from kernels.batch_prefill import prefill_rows
-
-        return prefill_rows(self, items)
+        firsts, _ = self.prefill_chunk(items, None)
+        return list(firsts.values())
 
     def prefill_chunk(self, items, budget: int | None) -> tuple[dict[str, int] | None, int]:
         """mtp_batch chunked prefill: start a group (items as for prefill_many) or, with no items, go

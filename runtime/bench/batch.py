@@ -9,12 +9,13 @@ rounds of the ratio within each round (paired: a slow spell of this shared machi
 runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
 "on" server's batch steps that speculated. With --control, speculation off runs a second time
 per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
-machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio over the
-rounds: if the true median ratio were 1.0 or more and rounds were independent, all R rounds would
-fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a width whose whole range is
-below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this machine's
-rounds are from independent). Last line: min_ratio_off_vs_batchgen=R min_ratio_on_vs_off=R (the smallest median
-ratio over the widths) widths_lost_off_vs_batchgen=N widths_lost_on_vs_off=N.
+machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio
+over the rounds: if the true median ratio were 1.0 or more and rounds were independent, all R
+rounds would fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a width whose whole
+range is below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this
+machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
+min_ratio_on_vs_off=R (the smallest median ratio over the widths) widths_lost_off_vs_batchgen=N
+widths_lost_on_vs_off=N.
 """
 
 from __future__ import annotations
@@ -103,12 +104,10 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
 def summary(off_ratios: list[list[float]], on_ratios: list[list[float]]) -> str:
     """The last line: the smallest median ratio over the widths, and the widths measured as a loss
     (every round below 1.0)."""
-    lowest = {key: min(statistics.median(r) for r in ratios) for key, ratios in
-              (("off_vs_batchgen", off_ratios), ("on_vs_off", on_ratios))}
-    lost = {key: sum(max(r) < 1.0 for r in ratios) for key, ratios in
-            (("off_vs_batchgen", off_ratios), ("on_vs_off", on_ratios))}
-    return (f"min_ratio_off_vs_batchgen={lowest['off_vs_batchgen']:.3f} min_ratio_on_vs_off={lowest['on_vs_off']:.3f} "
-            f"widths_lost_off_vs_batchgen={lost['off_vs_batchgen']} widths_lost_on_vs_off={lost['on_vs_off']}")
+    pairs = (("off_vs_batchgen", off_ratios), ("on_vs_off", on_ratios))
+    lowest = [f"min_ratio_{key}={min(statistics.median(r) for r in ratios):.3f}" for key, ratios in pairs]
+    lost = [f"widths_lost_{key}={sum(max(r) < 1.0 for r in ratios)}" for key, ratios in pairs]
+    return " ".join(lowest + lost)
 
 
 async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps: Counter):

@@ -31,6 +31,12 @@ async def started(gate: str, max_active: int = 8):
     return owner, streamer, scheduler, actors
 
 
+async def until(condition, seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
 def admitted(rid, n, **params):
     return Admitted(request_id=rid, prompt_ids=(1, 2), submitted_at=0.0,
                     params=SamplingParams(max_tokens=n, **params))
@@ -41,13 +47,9 @@ async def test_joining_leaving_and_mixed_rows_keep_every_script():
     await scheduler.tell(admitted("a", 30))
     await scheduler.tell(admitted("b", 12))
     await scheduler.tell(admitted("c", 20, disable_mtp=True))
-    async with asyncio.timeout(5):
-        while len([e for e in events.of("a") if isinstance(e, TokensEmitted)]) < 3:
-            await asyncio.sleep(0.001)
+    await until(lambda: len([e for e in events.of("a") if isinstance(e, TokensEmitted)]) >= 3)
     await scheduler.tell(admitted("late", 25))  # joins a running batch
-    async with asyncio.timeout(5):
-        while len(events.terminals()) < 4:
-            await asyncio.sleep(0.002)
+    await until(lambda: len(events.terminals()) >= 4)
     for rid, script in SCRIPTS.items():
         tokens = [t for e in events.of(rid) if isinstance(e, TokensEmitted) for t in e.token_ids]
         limit = {"a": 30, "b": 12, "c": 20, "late": 25}[rid]
@@ -72,9 +74,7 @@ async def test_max_active_bounds_the_batch_and_cancel_frees_a_slot():
     await asyncio.sleep(0.05)
     assert len(scheduler.active) == 2 and [s.request_id for s in scheduler.waiting] == ["c"]
     await scheduler.tell(Cancel(request_id="a"))
-    async with asyncio.timeout(5):
-        while len(events.terminals()) < 3:
-            await asyncio.sleep(0.002)
+    await until(lambda: len(events.terminals()) >= 3)
     assert max(scheduler.describe()["mtp_batch"]["batch_width_histogram"]) == 2
     for actor in reversed(actors):
         await actor.close()
@@ -84,9 +84,7 @@ async def test_a_burst_of_arrivals_prefills_one_group_per_step():
     owner, events, scheduler, actors = await started("off", max_active=16)
     for i in range(12):  # more than one prefill group (8) at once
         await scheduler.tell(admitted(f"r{i}", 6))
-    async with asyncio.timeout(5):
-        while len(events.terminals()) < 12:
-            await asyncio.sleep(0.002)
+    await until(lambda: len(events.terminals()) >= 12)
     steps = [c for c in owner.commands if c in ("PrefillChunk", "Decode")]
     assert owner.prefill_groups == [8, 4]
     # the running group decodes between the two prefills instead of waiting for both
@@ -100,15 +98,11 @@ async def test_a_long_prompt_prefills_in_chunks_between_the_running_batch_steps(
     owner, events, scheduler, actors = await started("off")
     owner.step_delay = 0.001
     await scheduler.tell(admitted("a", 30))
-    async with asyncio.timeout(5):
-        while not [e for e in events.of("a") if isinstance(e, TokensEmitted)]:
-            await asyncio.sleep(0.001)
+    await until(lambda: any(isinstance(e, TokensEmitted) for e in events.of("a")))
     long = Admitted(request_id="long", prompt_ids=tuple(range(1, 4001)), submitted_at=0.0,
                     params=SamplingParams(max_tokens=4))
     await scheduler.tell(long)
-    async with asyncio.timeout(5):
-        while len(events.terminals()) < 2:
-            await asyncio.sleep(0.002)
+    await until(lambda: len(events.terminals()) >= 2)
     assert all(isinstance(e, Finished) for e in events.terminals())
     assert owner.budgets[0] == 0  # nobody was decoding: "a" prefilled whole
     chunks = owner.budgets[1:]
@@ -126,19 +120,13 @@ async def test_cancelling_a_request_while_its_group_prefills_ends_it_once():
     owner, events, scheduler, actors = await started("off")
     owner.step_delay = 0.002
     await scheduler.tell(admitted("a", 40))
-    async with asyncio.timeout(5):
-        while not [e for e in events.of("a") if isinstance(e, TokensEmitted)]:
-            await asyncio.sleep(0.001)
+    await until(lambda: any(isinstance(e, TokensEmitted) for e in events.of("a")))
     for rid in ("x", "y"):
         await scheduler.tell(Admitted(request_id=rid, prompt_ids=tuple(range(1, 3001)), submitted_at=0.0,
                                       params=SamplingParams(max_tokens=3)))
-    async with asyncio.timeout(5):
-        while not scheduler.prefilling:
-            await asyncio.sleep(0.001)
+    await until(lambda: scheduler.prefilling)
     await scheduler.tell(Cancel(request_id="x"))
-    async with asyncio.timeout(5):
-        while len(events.terminals()) < 3:
-            await asyncio.sleep(0.002)
+    await until(lambda: len(events.terminals()) >= 3)
     done = {e.request_id: type(e).__name__ for e in events.terminals()}
     assert done == {"a": "Finished", "x": "Cancelled", "y": "Finished"}
     assert not [e for e in events.of("x") if isinstance(e, TokensEmitted)]
