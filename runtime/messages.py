@@ -23,6 +23,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     seed: int | None = None
     disable_mtp: bool = False
+    objective: str = "balanced"  # "latency" | "energy" | "balanced"
+    conversation: str | None = None  # conversation_id if given, else the OpenAI user
 
     @property
     def greedy(self) -> bool:

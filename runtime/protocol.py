@@ -31,16 +31,27 @@ class WireMessage(msgspec.Struct, frozen=True):
     content: str | list[ContentPart] | None = None
 
 
-class _Sampling(msgspec.Struct, frozen=True, kw_only=True):
-    model: str | None = None
+Objective = Literal["latency", "energy", "balanced"]
+
+
+class _Params(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling fields every request kind shares (HTTP and WebSocket)."""
+
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    disable_mtp: bool = False
+    objective: Objective = "balanced"  # what the planner optimises for this request
+    user: str | None = None  # OpenAI's end-user id
+    conversation_id: str | None = None  # extra: groups the turns of one conversation
+
+
+class _Sampling(_Params, frozen=True, kw_only=True):
+    model: str | None = None
     n: int = 1
     stream: bool = False
-    disable_mtp: bool = False
 
 
 class ChatRequest(_Sampling, frozen=True, kw_only=True):
@@ -52,16 +63,10 @@ class CompletionRequest(_Sampling, frozen=True, kw_only=True):
     prompt: str | list[str]
 
 
-class WsGenerate(msgspec.Struct, frozen=True, kw_only=True, tag="generate"):
+class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
     id: str
     messages: list[WireMessage] | None = None
     prompt: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    disable_mtp: bool = False
 
 
 class WsCancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
@@ -142,7 +147,8 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
     if len(stop) > MAX_STOPS:
         raise ProtocolError(f"at most {MAX_STOPS} stop sequences", "stop")
     return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop,
-                          seed=req.seed, disable_mtp=req.disable_mtp)
+                          seed=req.seed, disable_mtp=req.disable_mtp, objective=req.objective,
+                          conversation=req.conversation_id or req.user)
 
 
 def error_body(message: str, status: int, param: str | None = None) -> bytes:

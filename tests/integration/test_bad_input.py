@@ -14,6 +14,7 @@ CASES = [
     ("missing messages", {"max_tokens": 2}, 400, None),
     ("temperature out of range", {**GOOD, "temperature": 7}, 400, "temperature"),
     ("n above one", {**GOOD, "n": 2}, 400, "n"),
+    ("unknown objective", {**GOOD, "objective": "fast"}, 400, "objective"),
     ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
 ]
@@ -31,6 +32,16 @@ async def test_bad_chat_request_is_refused_clearly(idle_server, name, body, stat
                 assert error["param"] == param
         async with http.post(idle_server.url + "/v1/chat/completions", json=GOOD) as r:
             assert r.status == 200  # the next request is served
+
+
+async def test_objective_user_and_conversation_id_are_accepted(idle_server):
+    extra = [{"objective": "latency"}, {"objective": "energy"}, {"user": "u1"}, {"conversation_id": "c1"}]
+    async with aiohttp.ClientSession() as http:
+        for fields in extra:
+            async with http.post(idle_server.url + "/v1/chat/completions", json=GOOD | fields) as r:
+                assert r.status == 200, await r.text()
+            async with http.post(idle_server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2} | fields) as r:
+                assert r.status == 200, await r.text()
 
 
 async def test_unknown_route_and_bad_completion_prompt(idle_server):
