@@ -1,4 +1,7 @@
-"""Admission: validates and tokenizes requests, enforces the pending limit, hands them on.
+"""Admission: tokenizes requests, enforces the pending limit and the context length, hands them on.
+
+Wire checks (max_tokens range, empty prompt or messages) are made once, in runtime/protocol.py;
+admission keeps the rules that need the tokenizer or the model's context length.
 
 Receives Submit (ask: replies Admitted, or raises Rejected with a 4xx) and Ended. Sends Admitted to
 the scheduler. In hyper mode it is the HyperAdmissionGate of spec/hyper.md with a cap of one active.
@@ -40,7 +43,8 @@ class Admission(Actor):
             await self.telemetry.tell(Sample(name="rejected_total", value=1, labels=(("reason", "queue_full"),)))
             raise Rejected(f"server is at its limit of {self.config.max_pending} pending requests; retry later", 429)
         prompt_ids = self.tokenize(msg)
-        params = self.fit_to_context(msg.params, len(prompt_ids))
+        field = "messages" if msg.messages is not None else "prompt"
+        params = self.fit_to_context(msg.params, len(prompt_ids), field)
         admitted = Admitted(request_id=msg.request_id, prompt_ids=tuple(prompt_ids), params=params,
                             submitted_at=msg.submitted_at or time.monotonic())
         self.pending.add(msg.request_id)
@@ -57,17 +61,15 @@ class Admission(Actor):
         else:
             text = msg.prompt or ""
         ids = self.codec.encode(text)
-        if not ids:
-            raise Rejected("the prompt is empty", 400, "prompt")
+        if not ids:  # non-empty text can still encode to nothing: nothing to prefill
+            raise Rejected("the prompt encodes to no tokens", 400, "prompt")
         return ids
 
-    def fit_to_context(self, params: SamplingParams, prompt_tokens: int) -> SamplingParams:
+    def fit_to_context(self, params: SamplingParams, prompt_tokens: int, field: str) -> SamplingParams:
         room = self.context_length - prompt_tokens
         if room < 1:
             raise Rejected(f"the prompt has {prompt_tokens} tokens; this model's context is "
-                           f"{self.context_length} tokens", 400, "messages")
-        if params.max_tokens > self.config.max_tokens_limit:
-            raise Rejected(f"max_tokens must be at most {self.config.max_tokens_limit}", 400, "max_tokens")
+                           f"{self.context_length} tokens", 400, field)
         if params.max_tokens <= room:
             return params
         import msgspec

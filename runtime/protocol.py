@@ -130,6 +130,15 @@ def completion_prompt(prompt: str | list[str]) -> str:
     return prompt
 
 
+def ws_input(msg: WsGenerate) -> tuple[tuple[ChatMessage, ...] | None, str | None]:
+    """A generate message's (messages, prompt): exactly one of them, checked as HTTP checks it."""
+    if (msg.messages is None) == (msg.prompt is None):
+        raise ProtocolError("give exactly one of messages or prompt", "messages")
+    if msg.messages is not None:
+        return chat_messages(msg.messages), None
+    return None, completion_prompt(msg.prompt)
+
+
 def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 4096) -> SamplingParams:
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     max_tokens = max_tokens_default if max_tokens is None else max_tokens

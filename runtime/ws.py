@@ -18,7 +18,7 @@ from runtime.actor import Rejected
 from runtime.gateway import new_request_id, open_request
 from runtime.messages import ActorFailure, Cancel, Cancelled, Failed, Finished, Submit, TokensEmitted
 from runtime.protocol import (
-    ProtocolError, WsCancel, WsGenerate, chat_messages, decode_ws, error_body, sampling_params,
+    ProtocolError, WsCancel, WsGenerate, decode_ws, error_body, sampling_params, ws_input,
 )
 
 
@@ -60,14 +60,8 @@ async def _on_message(request, ws, data: str, tasks: dict) -> None:
 
 def _submit(msg: WsGenerate, max_tokens_limit: int) -> Submit:
     params = sampling_params(msg, max_tokens_limit=max_tokens_limit)
-    rid = new_request_id("ws")
-    if (msg.messages is None) == (msg.prompt is None):
-        raise ProtocolError("give exactly one of messages or prompt", "messages")
-    if msg.messages is not None:
-        return Submit(request_id=rid, params=params, messages=chat_messages(msg.messages))
-    if not msg.prompt:
-        raise ProtocolError("prompt must not be empty", "prompt")
-    return Submit(request_id=rid, params=params, prompt=msg.prompt)
+    messages, prompt = ws_input(msg)
+    return Submit(request_id=new_request_id("ws"), params=params, messages=messages, prompt=prompt)
 
 
 async def _run(system, ws: web.WebSocketResponse, cid: str, submit: Submit) -> None:
