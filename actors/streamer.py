@@ -1,6 +1,6 @@
 """Streamer: routes each request's events to the client connection that waits for them.
 
-Receives Subscribe (ask: returns the request's event queue), Unsubscribe, TokensEmitted and the
+Receives Subscribe (the client's event queue for a request), Unsubscribe, TokensEmitted and the
 terminal events. Sends Ended to admission once per request and Samples to telemetry. A request
 ends with exactly one terminal event; a second one is dropped and logged.
 """
@@ -25,12 +25,10 @@ class Streamer(Actor):
         self.subscribers: dict[str, asyncio.Queue] = {}
         self.ended: set[str] = set()
 
-    async def handle(self, msg) -> asyncio.Queue | None:
+    async def handle(self, msg) -> None:
         match msg:
             case Subscribe():
-                # Unbounded on purpose: a request emits at most max_tokens events.
-                queue = self.subscribers[msg.request_id] = asyncio.Queue()
-                return queue
+                self.subscribers[msg.request_id] = msg.queue
             case Unsubscribe():
                 self.subscribers.pop(msg.request_id, None)
             case TokensEmitted():

@@ -6,10 +6,13 @@ cancelled, so its slot is freed and it still gets its one terminal event.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
+
+import msgspec
 
 from runtime.messages import (
     Cancel, Cancelled, Failed, Finished, StreamEvent, Submit, Subscribe, Unsubscribe,
@@ -39,9 +42,14 @@ class RequestStream:
 
 @asynccontextmanager
 async def open_request(system, submit: Submit) -> AsyncIterator[RequestStream]:
-    """Subscribe, then admit (admission's Rejected propagates), then hand out the event stream."""
+    """Subscribe, then admit (admission's Rejected propagates), then hand out the event stream.
+
+    Subscribe is told, not asked: the streamer takes its inbox in order and every event of the
+    request is sent after admission, so the queue is in place before the first one arrives.
+    """
     submit = submit if submit.submitted_at else _stamped(submit)
-    queue = await system.streamer.ask(Subscribe(request_id=submit.request_id))
+    queue: asyncio.Queue = asyncio.Queue()  # unbounded on purpose: at most max_tokens events
+    await system.streamer.tell(Subscribe(request_id=submit.request_id, queue=queue))
     stream = RequestStream(queue)
     admitted = False
     try:
@@ -56,6 +64,4 @@ async def open_request(system, submit: Submit) -> AsyncIterator[RequestStream]:
 
 
 def _stamped(submit: Submit) -> Submit:
-    import msgspec
-
     return msgspec.structs.replace(submit, submitted_at=time.monotonic())

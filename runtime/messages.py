@@ -5,6 +5,7 @@ msgspec does not check types at construction: wire input is decoded in runtime/p
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 import msgspec
@@ -67,7 +68,10 @@ class Ended(_Msg, frozen=True):
 # --- scheduler -> streamer -> client ---------------------------------------------------------
 
 class Subscribe(_Msg, frozen=True):
+    """Route a request's events to queue (the client's, in-process only: never encoded)."""
+
     request_id: str
+    queue: asyncio.Queue
 
 
 class Unsubscribe(_Msg, frozen=True):
