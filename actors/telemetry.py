@@ -23,7 +23,6 @@ class Telemetry(Actor):
         self.counters: dict[Key, float] = {}
         self.gauges: dict[Key, float] = {}
         self.summaries: dict[Key, list[float]] = {}  # [count, sum, max]
-        self.blocks: dict[str, dict] = {}
 
     async def handle(self, msg: Sample | Snapshot):
         match msg:

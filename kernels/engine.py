@@ -65,16 +65,11 @@ class Engine:
         y = self._step(state, prompt[done:])
         return self._emit(state, y, lookahead and self.batch is None)
 
-    def prefill_many(self, items) -> list[int]:
-        """mtp_batch: prefill several sequences in one forward; they join the batch at its next step.
-        items: (seq_id, prompt_ids, temperature, top_p, seed, drafts)."""
-        firsts, _ = self.prefill_chunk(items, None)
-        return list(firsts.values())
-
     def prefill_chunk(self, items, budget: int | None) -> tuple[dict[str, int] | None, int]:
-        """mtp_batch chunked prefill: start a group (items as for prefill_many) or, with no items, go
-        on with the one in flight, running at most `budget` padded tokens (None: the rest). Returns
-        each sequence's first token once the group is done (else None) and the padded tokens run."""
+        """mtp_batch chunked prefill: start a group (items: (seq_id, prompt_ids, temperature, top_p,
+        seed, drafts)) or, with no items, go on with the one in flight, running at most `budget`
+        padded tokens (None: the rest). Returns each sequence's first token once the group is done
+        (else None) and the padded tokens run."""
         from kernels.batch_prefill import PrefillGroup, advance
 
         if items:

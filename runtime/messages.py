@@ -123,7 +123,6 @@ class Failed(_Msg, frozen=True):
     status: int = 500
 
 
-TerminalEvent = Finished | Cancelled | Failed
 StreamEvent = TokensEmitted | Finished | Cancelled | Failed
 
 # --- scheduler <-> model owner ----------------------------------------------------------------
@@ -249,8 +248,6 @@ class Rollback(_Msg, frozen=True):
     accepted: int
     emitted: tuple[int, ...]
 
-
-OwnerCommand = Prefill | PrefillChunk | Decode | Release | Propose | VerifyDrafts | VerifyBatch | Rollback
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 

@@ -58,6 +58,14 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def events(self, request_id: str) -> list[dict]:
+        """The JSON trace lines the server wrote about one request (the log is shared by tests)."""
+        lines = (line for line in self.log().splitlines() if line.startswith("{"))
+        return [e for e in map(json.loads, lines) if e.get("request_id") == request_id]
+
+    def counter(self, name: str) -> float:
+        return self.health()["telemetry"]["counters"].get(name, 0)
+
     def health(self) -> dict:
         return get_json(self.url + "/health")
 

@@ -62,6 +62,7 @@ async def test_bad_message_gets_an_error_and_the_socket_stays_open(idle_server):
 
 
 async def test_disconnect_mid_stream_frees_the_slot(idle_server):
+    cancelled = idle_server.counter("requests_total{outcome=cancelled}")  # earlier tests' count
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(idle_server.url + "/v1/ws")
         await ws.send_json({"type": "generate", "id": "gone", "prompt": "Once upon a time", "max_tokens": 2000})
@@ -71,3 +72,5 @@ async def test_disconnect_mid_stream_frees_the_slot(idle_server):
     while idle_server.health()["scheduler"]["active"] and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert idle_server.health()["scheduler"]["active"] == 0
+    # Freed by cancelling it, not by the story happening to end within the wait.
+    assert idle_server.counter("requests_total{outcome=cancelled}") - cancelled == 1

@@ -22,6 +22,12 @@ def plain(model, prompt, n=N):
     return out
 
 
+def prefill_group(engine, items) -> list[int]:
+    """Prefill several sequences in one go (one chunk without a budget); their first tokens."""
+    firsts, _ = engine.prefill_chunk(items, None)
+    return list(firsts.values())
+
+
 def make_engine(kind, model, batched=False):
     if kind == "draft-model":
         return Engine(model, drafter=DraftModelDrafter(tiny_llama(seed=11)), batched=batched)
@@ -134,7 +140,7 @@ def test_batched_rows_equal_each_sequence_alone(kind):
 
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    firsts = engine.prefill_many([(str(i), p, 0.0, 1.0, None, True) for i, p in enumerate(PROMPTS[:2])])
+    firsts = prefill_group(engine, [(str(i), p, 0.0, 1.0, None, True) for i, p in enumerate(PROMPTS[:2])])
     outs = {i: [first] for i, first in enumerate(firsts)}
     step = 0
     while min(len(o) for o in outs.values()) < N:
@@ -196,7 +202,7 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
 
     def run(ahead: bool) -> dict[str, list[int]]:
         engine = make_engine(kind, model, batched=True)
-        firsts = engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None, True), ("1", PROMPTS[1], 0.9, 1.0, 7, True)])
+        firsts = prefill_group(engine, [("0", PROMPTS[0], 0.0, 1.0, None, True), ("1", PROMPTS[1], 0.9, 1.0, 7, True)])
         outs, done = {"0": [firsts[0]], "1": [firsts[1]]}, {}
         for step in range(1, 26):
             if step == 6:  # joins while a lookahead step is in flight
@@ -231,7 +237,7 @@ def test_a_sequence_that_never_drafts_is_never_fed(kind):
 
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    firsts = engine.prefill_many([("on", PROMPTS[0], 0.0, 1.0, None, True), ("off", PROMPTS[1], 0.0, 1.0, None, False)])
+    firsts = prefill_group(engine, [("on", PROMPTS[0], 0.0, 1.0, None, True), ("off", PROMPTS[1], 0.0, 1.0, None, False)])
     outs = {"on": [firsts[0]], "off": [firsts[1]]}
     for step in range(N):
         if step % 2:
@@ -259,7 +265,7 @@ def test_a_group_prefilled_in_chunks_between_steps_decodes_as_alone(kind):
     greedy output equals its plain decode alone, and the MTP head saw exactly the committed pairs."""
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model, batched=True)
-    outs = {"0": engine.prefill_many([("0", PROMPTS[0], 0.0, 1.0, None, True)])}
+    outs = {"0": prefill_group(engine, [("0", PROMPTS[0], 0.0, 1.0, None, True)])}
     chunks, firsts = 0, None
     group = [("1", PROMPTS[1], 0.0, 1.0, None, True), ("2", PROMPTS[2], 0.0, 1.0, None, True)]
     while True:
