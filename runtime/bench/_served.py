@@ -1,0 +1,145 @@
+"""Plumbing for `metrale bench serve`: a `metrale serve` subprocess on loopback, and timed
+non-streaming chat requests through the official openai client."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.bench.serving import _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE = [sys.executable, "-m", "runtime.cli", "serve"]
+WARM_UP = "Say hello in one short sentence."  # not in either prompt set
+
+
+def serve_accepts(flag: str) -> bool:
+    """Whether this checkout's `metrale serve` has the flag (read once from its help text)."""
+    out = subprocess.run(SERVE + ["--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return flag in out.stdout
+
+
+class ServedProcess:
+    """`metrale serve` in a subprocess on 127.0.0.1 with a fresh cache folder, so no cost table
+    learned by an earlier run is found; stopped with SIGTERM, killed if it does not exit."""
+
+    def __init__(self, model_dir: Path, extra: list[str], ready_timeout: float = 180.0):
+        self.model_dir, self.extra, self.ready_timeout = model_dir, list(extra), ready_timeout
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def command(self, cache_dir: str) -> list[str]:
+        return SERVE + ["--model", str(self.model_dir), "--cache-dir", cache_dir, "--host", "127.0.0.1",
+                        "--port", str(self.port), *self.extra]
+
+    def __enter__(self) -> "ServedProcess":
+        self.tmp = tempfile.mkdtemp(prefix="metrale-bench-serve-")
+        self.log_path = Path(self.tmp) / "server.log"
+        try:
+            with self.log_path.open("w") as log:
+                self.proc = subprocess.Popen(self.command(self.tmp), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                             stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None and exc_type is not KeyboardInterrupt:
+                print(f"server log tail:\n{self.log_tail()}", file=sys.stderr)
+            self._stop()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"metrale serve exited {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"metrale serve not ready in {self.ready_timeout:.0f}s; log tail:\n{self.log_tail()}")
+
+    def _stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+
+@dataclass(frozen=True)
+class Answer:
+    seconds: float  # client side, request sent to body read
+    tokens: int
+    text: str
+    receipt: dict  # usage.speculation as the server sent it
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Requests sent together (one at --clients 1): the group's wall seconds and each answer."""
+
+    seconds: float
+    answers: tuple[Answer, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(a.tokens for a in self.answers)
+
+
+def openai_client(url: str):
+    import openai
+
+    # No retries: a retried request would hide a server error and count twice in the timing.
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=600.0, max_retries=0)
+
+
+def ask(client, prompt: str, max_tokens: int, disable_mtp: bool) -> Answer:
+    extra = {"disable_mtp": True} if disable_mtp else None
+    started = time.perf_counter()
+    resp = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=max_tokens, temperature=0, stream=False, extra_body=extra)
+    seconds = time.perf_counter() - started
+    receipt = (resp.usage.model_extra or {}).get("speculation") or {}
+    return Answer(seconds, resp.usage.completion_tokens, resp.choices[0].message.content or "", dict(receipt))
+
+
+def ask_all(pool: ThreadPoolExecutor, client, prompts: list[str], max_tokens: int, disable_mtp: bool) -> Batch:
+    """Every prompt at once, one pool thread each; the group's wall time covers them all."""
+    started = time.perf_counter()
+    futures = [pool.submit(ask, client, p, max_tokens, disable_mtp) for p in prompts]
+    answers = tuple(f.result() for f in futures)
+    return Batch(time.perf_counter() - started, answers)
+
+
+def warm_up(client, max_tokens: int, plain_too: bool) -> None:
+    """Two untimed requests: the first runs page weights in and build each code path once."""
+    ask(client, WARM_UP, max_tokens, disable_mtp=False)
+    ask(client, WARM_UP, max_tokens, disable_mtp=plain_too)

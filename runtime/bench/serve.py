@@ -1,0 +1,207 @@
+"""metrale bench serve: what a user gets on the served path, speculation on vs off.
+
+Each run starts a fresh `metrale serve` subprocess on loopback (the converted default model, a fresh
+empty cache folder, so no cost table learned by an earlier run is found; the shipped one may be)
+and drives it with the official openai client: greedy non-streaming chat completions over the
+held-out prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two
+untimed warm-up requests. Runs:
+- served: the default settings. Every prompt is sent once with speculation and once with
+  `disable_mtp`, back to back, alternating which goes first, so a slow spell of this shared
+  machine hits both alike.
+- foreign: the same, with `--machine-id` set to another machine, so the shipped calibration table
+  does not count as measured here (what a user on a new machine gets). Skipped, with a note, where
+  `metrale serve` has no --machine-id.
+- K=k: `--mtp-gate force --spec-cost-model off --num-draft-tokens k`; speculative requests only,
+  compared against the served run's plain requests (a different server process, so unpaired).
+With --clients C, prompts go in groups of C concurrent requests (all speculative, then all plain,
+the order alternating per group) and timings are the group's wall time.
+
+How to read the table (one per set): `speedup` is summed plain seconds over summed speculative
+seconds, so above 1.0 speculation paid; `worst5` is the same ratio over the worst window of 5
+consecutive prompts (groups covering about 5 at --clients > 1): how bad a stretch gets.
+`spec_steps` is the share of decode steps that speculated (verify / (verify + plain) from each
+response's `usage.speculation` receipt); `acc1..acc4` are accepted / drafted tokens at draft
+positions 1..4; `identical` counts outputs byte-identical to plain decode (greedy must give all).
+Then per set the best fixed K (highest tok/s) and served tok/s over it: near 1.0 means the gate
+and planner found the best depth on their own. Last line: served_speedup_chat=R
+served_speedup_code=R served_vs_best_fixed_min=R [foreign_speedup_chat=R foreign_speedup_code=R]
+identical=0|1 (1 only if every compared output of every run matched plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from runtime.bench.common import table
+
+FOREIGN_MACHINE = "Linux-x86_64 | Foreign Test CPU | 2 cpus"
+POSITIONS = 4  # acceptance columns
+WINDOW = 5  # prompts per window of worst5
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from kernels.default_model import ensure_default_model
+    from runtime.bench.spec import prompt_set
+
+    sets = {name: prompt_set(name, args.prompts) for name in args.sets.split(",") if name}
+    model_dir = ensure_default_model()
+    results = {name: measure(model_dir, extra, sets, args, plain) for name, extra, plain in plan(args)}
+    print(report(with_served_plain(results), sets, args.clients))
+    return 0
+
+
+def with_served_plain(results: dict[str, dict]) -> dict[str, dict]:
+    """Fixed-K runs sent no plain requests: pair each of their groups with the served run's plain one."""
+    served = results["served"]
+    return {name: {s: [(spec, p if p is not None else served[s][i][1]) for i, (spec, p) in enumerate(pairs)]
+                   for s, pairs in runs.items()} for name, runs in results.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="metrale bench serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=20, help="the first N prompts of each set")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--sets", default="chat,code")
+    p.add_argument("--fixed-k", default="1,2,3,4", help="K of the fixed-depth runs; empty: none")
+    p.add_argument("--skip-foreign", action="store_true")
+    p.add_argument("--scheduler-mode", choices=("serial", "mtp_batch"), help="passed to every server")
+    p.add_argument("--clients", type=int, default=1,
+                   help="concurrent requests per group (pair with --scheduler-mode mtp_batch and "
+                        "--extra-serve-args '--max-active-requests C')")
+    p.add_argument("--extra-serve-args", default="", help="appended to every server's command line")
+    return p
+
+
+def plan(args) -> list[tuple[str, list[str], bool]]:
+    """(run name, server flags, whether it sends plain requests too), in the order they run."""
+    from runtime.bench._served import serve_accepts
+
+    common = ["--scheduler-mode", args.scheduler_mode] if args.scheduler_mode else []
+    tail = shlex.split(args.extra_serve_args)
+    runs = [("served", common + tail, True)]
+    if not args.skip_foreign:
+        if serve_accepts("--machine-id"):
+            runs.append(("foreign", common + ["--machine-id", FOREIGN_MACHINE] + tail, True))
+        else:
+            print("note: `metrale serve --help` lists no --machine-id; the foreign run is skipped")
+    for k in [int(k) for k in args.fixed_k.split(",") if k.strip()]:
+        fixed = ["--mtp-gate", "force", "--spec-cost-model", "off", "--num-draft-tokens", str(k)]
+        runs.append((f"K={k}", common + fixed + tail, False))
+    return runs
+
+
+def measure(model_dir, extra: list[str], sets: dict[str, list[str]], args, plain: bool) -> dict:
+    """One fresh server: per set, a (speculative, plain or None) pair of batches per prompt group."""
+    from runtime.bench._served import ServedProcess, openai_client, warm_up
+
+    with ServedProcess(model_dir, extra) as server, ThreadPoolExecutor(args.clients) as pool:
+        print(f"server: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
+        client = openai_client(server.url)
+        warm_up(client, args.max_tokens, plain_too=plain)
+        return {name: drive(pool, client, texts, args.clients, args.max_tokens, plain)
+                for name, texts in sets.items()}
+
+
+def drive(pool, client, texts: list[str], clients: int, max_tokens: int, plain: bool) -> list[tuple]:
+    from runtime.bench._served import ask_all
+
+    pairs = []
+    for i, start in enumerate(range(0, len(texts), clients)):
+        group = texts[start:start + clients]
+        order = ((False, True) if i % 2 == 0 else (True, False)) if plain else (False,)  # disable_mtp
+        got = {off: ask_all(pool, client, group, max_tokens, disable_mtp=off) for off in order}
+        pairs.append((got[False], got.get(True)))
+    return pairs
+
+
+@dataclass(frozen=True)
+class RunStats:
+    tokens: int
+    tok_s_plain: float
+    tok_s: float
+    speedup: float
+    worst: float
+    spec_share: float
+    acceptance: tuple[float, ...]
+    same: int
+    compared: int
+
+
+def stats(pairs: list[tuple], window: int) -> RunStats:
+    spec_s, plain_s = sum(s.seconds for s, _ in pairs), sum(p.seconds for _, p in pairs)
+    spec_tokens, plain_tokens = sum(s.tokens for s, _ in pairs), sum(p.tokens for _, p in pairs)
+    answers = [(a, b) for s, p in pairs for a, b in zip(s.answers, p.answers)]
+    return RunStats(tokens=spec_tokens, tok_s_plain=plain_tokens / plain_s, tok_s=spec_tokens / spec_s,
+                    speedup=plain_s / spec_s, worst=worst_window(pairs, window),
+                    spec_share=spec_share([a.receipt for a, _ in answers]),
+                    acceptance=acceptance([a.receipt for a, _ in answers]),
+                    same=sum(a.text == b.text for a, b in answers), compared=len(answers))
+
+
+def worst_window(pairs: list[tuple], window: int) -> float:
+    """The lowest plain/speculative seconds ratio over `window` consecutive groups."""
+    w = max(1, min(window, len(pairs)))
+    spans = [pairs[i:i + w] for i in range(len(pairs) - w + 1)]
+    return min(sum(p.seconds for _, p in span) / sum(s.seconds for s, _ in span) for span in spans)
+
+
+def spec_share(receipts: list[dict]) -> float:
+    verify = sum(r.get("verify_steps", 0) for r in receipts)
+    steps = verify + sum(r.get("plain_steps", 0) for r in receipts)
+    return verify / steps if steps else float("nan")
+
+
+def acceptance(receipts: list[dict]) -> tuple[float, ...]:
+    """Accepted over drafted tokens at each draft position, summed over the receipts (nan: none drafted)."""
+    drafted, accepted = [0] * POSITIONS, [0] * POSITIONS
+    for r in receipts:
+        for i, (d, a) in enumerate(zip(r.get("drafted_by_position", ()), r.get("accepted_by_position", ()))):
+            if i < POSITIONS:
+                drafted[i], accepted[i] = drafted[i] + d, accepted[i] + a
+    return tuple(a / d if d else float("nan") for d, a in zip(drafted, accepted))
+
+
+def report(results: dict[str, dict], sets: dict[str, list[str]], clients: int) -> str:
+    """The tables, the best fixed K per set, and the last key=value line."""
+    window = max(1, WINDOW // clients)
+    lines, served, foreign, vs_fixed, identical = [], {}, {}, [], True
+    for set_name in sets:
+        by_run = {name: stats(runs[set_name], window) for name, runs in results.items()}
+        lines += [f"set {set_name} ({len(sets[set_name])} prompts, {clients} client(s))", _table(by_run), ""]
+        served[set_name] = by_run["served"].speedup
+        if "foreign" in by_run:
+            foreign[set_name] = by_run["foreign"].speedup
+        identical &= all(r.same == r.compared for r in by_run.values())
+        fixed = {n: r for n, r in by_run.items() if n.startswith("K=")}
+        if fixed:
+            best = max(fixed, key=lambda n: fixed[n].tok_s)
+            vs_fixed.append(by_run["served"].tok_s / fixed[best].tok_s)
+            lines.append(f"{set_name}: best fixed {best} at {fixed[best].tok_s:.2f} tok/s; served "
+                         f"{by_run['served'].tok_s:.2f} tok/s = {vs_fixed[-1]:.3f}x best fixed")
+    lines.append(summary(served, foreign, vs_fixed, identical))
+    return "\n".join(lines)
+
+
+def _table(by_run: dict[str, RunStats]) -> str:
+    headers = ["run", "tokens", "tok_s_plain", "tok_s_served", "speedup", "worst5", "spec_steps"]
+    headers += [f"acc{i + 1}" for i in range(POSITIONS)] + ["identical"]
+    rows = [[name, r.tokens, r.tok_s_plain, r.tok_s, r.speedup, r.worst, r.spec_share, *r.acceptance,
+             f"{r.same}/{r.compared}"] for name, r in by_run.items()]
+    return table(headers, rows)
+
+
+def summary(served: dict, foreign: dict, vs_fixed: list[float], identical: bool) -> str:
+    def r(x: float) -> str:
+        return "nan" if x is None or math.isnan(x) else f"{x:.3f}"
+
+    keys = [f"served_speedup_{s}={r(served.get(s))}" for s in ("chat", "code")]
+    keys.append(f"served_vs_best_fixed_min={r(min(vs_fixed) if vs_fixed else None)}")
+    if foreign:
+        keys += [f"foreign_speedup_{s}={r(foreign.get(s))}" for s in ("chat", "code")]
+    return " ".join(keys + [f"identical={int(identical)}"])
