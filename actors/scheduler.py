@@ -22,9 +22,13 @@ from runtime.messages import (
 )
 from runtime.modes import SchedulerMode
 from runtime.prefill_budget import PrefillBudget
-from runtime.speculation import SpeculationPolicy
+from runtime.energy import open_meter
+from runtime.speculation import SpeculationPolicy, StepChoice
 from runtime.sequence import Sequence, Status
 from runtime.text import IncrementalText, TextCodec
+
+
+PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown
 
 
 class Scheduler(Actor):
@@ -32,7 +36,7 @@ class Scheduler(Actor):
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
                  codec: TextCodec, policy: SpeculationPolicy | None = None,
-                 drafter: Actor | None = None, verifier: Actor | None = None):
+                 drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0):
         super().__init__(inbox_size=1024)
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
@@ -44,6 +48,9 @@ class Scheduler(Actor):
         self.prefilling: list[Sequence] = []  # a group part-way through a chunked prefill
         self.prefill_seconds = 0.0  # its chunks so far
         self.budget = PrefillBudget()
+        self.meter = open_meter(watts_per_core)  # each step's joules, for the online cost model
+        self.persist = None  # saves the learned cost table (set by the system), called now and then
+        self.persisted_at = time.monotonic()
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -81,15 +88,15 @@ class Scheduler(Actor):
             return
         self.steps += 1
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
-        step, pinned = self.policy.choose(batch, depth)
-        if step is GateStep.MTP:
-            await self.spec_step(batch, pinned)
+        choice = self.policy.choose(batch, depth)
+        if choice.step is GateStep.MTP:
+            await self.spec_step(batch, choice)
         else:
             await self.plain_step(batch)
 
     def describe(self) -> dict:
         return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
-                "active": len(self.active), "speculation": self.policy.snapshot(),
+                "active": len(self.active), "speculation": self.policy.snapshot(self.mode.decode_batch(self.active)),
                 "prefill_budget": self.budget.snapshot(), **self.mode.describe()}
 
     # --- work ------------------------------------------------------------------------------------
@@ -152,7 +159,7 @@ class Scheduler(Actor):
         # Start the next plain step early when it will likely be one: nobody waiting or prefilling
         # to join (a group that joins makes the owner drop that early step).
         ahead = self.mode.lookahead and not self.waiting and not self.prefilling and self.policy.next_is_plain(batch)
-        started = time.perf_counter()
+        started, energy = time.perf_counter(), self.meter.read()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))
         except ActorFailure as e:
@@ -160,23 +167,23 @@ class Scheduler(Actor):
                 await self.fail(seq, e)
             return
         wall = time.perf_counter() - started
+        if (controller := self.policy.controller) is not None:
+            controller.record_plain(len(batch), wall * 1e3, self.meter.read().since(energy))
         for seq, token in zip(batch, reply.tokens):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall
             await self.emit(seq, [token])
         self.mode.note_step("plain", len(batch), 0, 0)
-        await self.after_step(GateStep.PLAIN, False, wall, batch, len(batch))
+        await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch))
 
-    async def spec_step(self, batch: list[Sequence], pinned: bool) -> None:
+    async def spec_step(self, batch: list[Sequence], choice: StepChoice) -> None:
         """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
-        depth = self.policy.depth(len(batch))
-        if depth < 1:  # the planner (or the mtp_max_seqs cap) says a plain step pays better
-            return await self.plain_step(batch)
-        started = time.perf_counter()
+        started, energy = time.perf_counter(), self.meter.read()
         try:
-            drafts = self.allot(await self.draft_all(batch, depth))
+            drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
             if not any(drafts):  # nothing to propose: this step decodes plainly
                 return await self.plain_step(batch)
+            drafted_at, drafted_energy = time.perf_counter(), self.meter.read()
             rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
                                       use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
             results = ((await self.verifier.ask(rows[0])),) if len(rows) == 1 else \
@@ -186,27 +193,36 @@ class Scheduler(Actor):
                 await self.fail(seq, e)
             return
         wall = time.perf_counter() - started
+        tokens = sum(len(r.emitted) for r in results)
+        if (controller := self.policy.controller) is not None:
+            controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
+                                   verify_ms=(started + wall - drafted_at) * 1e3,
+                                   verify_j=self.meter.read().since(drafted_energy),
+                                   draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
+                                   draft_j=drafted_energy.since(energy), tokens=tokens)
         for seq, row, result in zip(batch, rows, results):
             if row.drafts:
                 seq.spec.note_verify(len(row.drafts), result.accepted, wall)
+                if controller is not None:
+                    controller.record_outcome(seq, len(row.drafts), result.accepted)
             else:
                 seq.spec.plain_steps += 1
                 seq.spec.plain_seconds += wall
             await self.emit(seq, list(result.emitted))
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
-        await self.after_step(GateStep.MTP, pinned, wall, batch, sum(len(r.emitted) for r in results))
+        await self.after_step(choice, wall, batch, tokens)
 
-    def allot(self, drafts: list[Drafted | None]) -> list[Drafted | None]:
+    def allot(self, batch, drafts: list[Drafted | None]) -> list[Drafted | None]:
         """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
         counts = [len(d.tokens) if d else 0 for d in drafts]
-        keep = self.policy.allot([d.confidences if d else () for d in drafts], counts)
+        keep = self.policy.allot(batch, [d.confidences if d else () for d in drafts], counts)
         return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
                 for d, n in zip(drafts, keep)]
 
-    async def draft_all(self, batch: list[Sequence], depth: int) -> list[Drafted | None]:
+    async def draft_all(self, batch: list[Sequence], depths: tuple[int, ...]) -> list[Drafted | None]:
         """Drafts for every sequence of the step (one ask for the batch); None where one does not
         speculate this step."""
-        wanted = [(i, self.draft_request(seq, depth)) for i, seq in enumerate(batch)]
+        wanted = [(i, self.draft_request(seq, depth)) for i, (seq, depth) in enumerate(zip(batch, depths))]
         wanted = [(i, d) for i, d in wanted if d is not None]
         drafts: list[Drafted | None] = [None] * len(batch)
         if not wanted:
@@ -224,14 +240,16 @@ class Scheduler(Actor):
         history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
         return Draft(seq_id=seq.request_id, history=history, k=k)
 
-    async def after_step(self, step: GateStep, pinned: bool, wall: float, batch, tokens: int) -> None:
+    async def after_step(self, choice: StepChoice, wall: float, batch, tokens: int) -> None:
         self.budget.note_step(wall)
-        phase = "step_mtp" if step is GateStep.MTP else "step_plain"
+        phase = "step_mtp" if choice.step is GateStep.MTP else "step_plain"
         await self.telemetry.tell(Sample(name="sched_phase_seconds", value=wall, kind="observe",
                                          labels=(("phase", phase),)))
-        decision = self.policy.record(step, pinned=pinned, wall_s=wall, width=len(batch), tokens=tokens)
-        self.log.debug("step", step=self.steps, phase=phase, pinned=pinned, width=len(batch), tokens=tokens,
-                       seconds=round(wall, 5), request_id=batch[0].request_id if len(batch) == 1 else None)
+        decision = self.policy.record(choice, wall_s=wall, width=len(batch), tokens=tokens)
+        self.log.debug("step", step=self.steps, phase=phase, pinned=choice.pinned, exploring=choice.exploring,
+                       depths=choice.depths, width=len(batch), tokens=tokens, seconds=round(wall, 5),
+                       request_id=batch[0].request_id if len(batch) == 1 else None)
+        await self.after_control(batch)
         for name, value in self.policy.gauges():
             await self.telemetry.tell(Sample(name=name, value=value, kind="gauge"))
         if decision is not None:
@@ -241,11 +259,25 @@ class Scheduler(Actor):
             await self.telemetry.tell(Sample(name="gate_switches_total", value=1,
                                              labels=(("to", decision.mode.value),)))
 
+    async def after_control(self, batch) -> None:
+        """The controller's step end: evidence fades, phase decision flips are traced, the learned
+        table is saved now and then."""
+        controller = self.policy.controller
+        if controller is None:
+            return
+        controller.step_passed(batch)
+        for phase, speculates in controller.take_switches():
+            self.log.info("phase_decision_switched", phase=phase.value, speculates=speculates, width=len(batch))
+        if self.persist is not None and time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
+            self.persisted_at = time.monotonic()
+            self.persist()
+
     async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
         index = len(seq.output_ids)
         first = seq.first_token_at is None
         kept, delta = seq.accept(token_ids, self.codec.eos_ids)
         seq.think = seq.think.advance(kept, self.policy.think_markers)
+        self.policy.note_text(seq, delta)
         if first and kept:
             self.log.info("first_token", request_id=seq.request_id, step=self.steps,
                           seconds=round(seq.first_token_at - seq.submitted_at, 4))
@@ -284,6 +316,7 @@ class Scheduler(Actor):
         await self.streamer.tell(Failed(request_id=seq.request_id, error=error.message, status=error.status))
 
     async def _leave(self, seq: Sequence) -> None:
+        self.policy.end(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         if self.active.pop(seq.request_id, None) is not None and not self.owner.closing:
@@ -292,3 +325,5 @@ class Scheduler(Actor):
     async def teardown(self) -> None:
         for seq in [*self.waiting, *self.active.values()]:
             await self.cancel(seq.request_id, "shutdown")
+        if self.persist is not None:
+            self.persist()

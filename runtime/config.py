@@ -44,8 +44,13 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     num_draft_tokens: int = 3
     ngram_max: int = 3
     mtp_gate: Literal["auto", "force", "off"] | None = None  # None: METRALE_MTP_GATE_FORCE, else auto
+    entry_pin_tokens: int | None = None  # None: METRALE_SPEC_ENTRY_PIN, else 8 (the gate's entry pin)
+    spec_think: bool | None = None  # speculate inside <think>; None: METRALE_DFLASH_SPEC_THINK=1
     cost_model: Literal["measured", "off"] = "measured"  # draft depth from a calibration table, if one exists
     cost_slack: float = 0.1  # tok/s may fall this far below depth 1's for a better tokens per joule
+    machine_id: str | None = None  # None: this machine's (OS, CPU model, cores); names whose tables are native
+    watts_per_core: float = 10.0  # the CPU-seconds energy proxy's power, where no energy counter exists
+    exploration_share: float = 0.01  # speculative steps run to learn may cost this share of plain decode time
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -67,6 +72,20 @@ def load_config(path: Path | str | None = None) -> Config:
     except msgspec.ValidationError as e:
         raise ConfigError(f"{path}: {e}") from None
     return validate(config)
+
+
+def with_environment(config: Config, env=None) -> Config:
+    """Fill the settings the spec lets environment variables give, once, where Config left them
+    unset; nothing past configuration reads the environment."""
+    import os
+
+    from runtime.eligibility import entry_pin_tokens_from_env, gate_setting, spec_think_from_env
+
+    env = os.environ if env is None else env
+    spec = config.spec
+    return override(config, "spec", mtp_gate=gate_setting(spec.mtp_gate, env).value,
+                    entry_pin_tokens=entry_pin_tokens_from_env(env) if spec.entry_pin_tokens is None else None,
+                    spec_think=spec_think_from_env(env) if spec.spec_think is None else None)
 
 
 def preset(name: str) -> Path:
@@ -102,6 +121,12 @@ def validate(config: Config) -> Config:
         raise ConfigError("--num-draft-tokens must be in 1..16")
     if not 0.0 <= config.spec.cost_slack < 1.0:
         raise ConfigError("--spec-cost-slack must be in [0, 1)")
+    if config.spec.entry_pin_tokens is not None and config.spec.entry_pin_tokens < 0:
+        raise ConfigError("--entry-pin-tokens must not be negative")
+    if not 0.0 <= config.spec.exploration_share <= 0.5:
+        raise ConfigError("--exploration-share must be in [0, 0.5]")
+    if config.spec.watts_per_core <= 0:
+        raise ConfigError("--watts-per-core must be positive")
     if config.spec.drafter == "draft-model" and not config.spec.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     return config

@@ -11,6 +11,9 @@ calibration table (runtime/cost_table.py).
 propose_depth, before drafting: the K in 0..max_k (among the table's depths) maximising
 n E[tokens](K) / C_joules(n, K), among the K whose n E[tokens](K) / C_ms(n, K) is at least
 (1 - slack) times depth 1's (depth 0's when the table has no depth 1). Ties keep the shallower K.
+That is the spec's rule, objective "energy". A request may ask for another objective: "latency"
+takes the K with the most tokens per ms (no floor); "balanced" the K with the best geometric mean
+of tokens per ms and tokens per joule, under the same floor.
 Above mtp_max_seqs the scheduler plain-decodes regardless, so it answers 0 for reason "over_cap"
 without reading the table; a 0 for reason "cost_model" means drafting does not pay here.
 
@@ -37,6 +40,8 @@ from runtime.cost_table import AcceptanceCalibration, Cost, CostTable, interpola
 _TIE = 1e-12
 
 DepthReason = Literal["over_cap", "cost_model"]
+Objective = Literal["energy", "latency", "balanced"]
+OBJECTIVES: tuple[Objective, ...] = ("energy", "latency", "balanced")
 
 
 class DepthChoice(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +77,7 @@ def propose_depth(
     max_k: int,
     slack: float,
     mtp_max_seqs: int,
+    objective: Objective = "energy",
 ) -> DepthChoice:
     """The draft depth for a batch of n sequences (see the module doc)."""
     if n > mtp_max_seqs:
@@ -87,10 +93,11 @@ def propose_depth(
         if k <= max_k
     }
     floor = (1.0 - slack) * rates[1 if 1 in rates else 0][0]
-    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor]  # the reference is
+    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor or objective == "latency"]
+    score = _SCORES[objective]
     best = feasible[0]
     for k in feasible[1:]:  # ascending, so a tie keeps the shallower depth
-        if rates[k][1] > rates[best][1] * (1.0 + _TIE):
+        if score(rates[k]) > score(rates[best]) * (1.0 + _TIE):
             best = k
     return DepthChoice(
         depth=best,
@@ -98,6 +105,13 @@ def propose_depth(
         tokens_per_ms=rates[best][0],
         tokens_per_joule=rates[best][1],
     )
+
+
+_SCORES = {
+    "energy": lambda rate: rate[1],
+    "latency": lambda rate: rate[0],
+    "balanced": lambda rate: (rate[0] * rate[1]) ** 0.5,
+}
 
 
 def _priors(prior: Sequence[float], depth: int) -> list[float]:

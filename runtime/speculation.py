@@ -1,108 +1,139 @@
-"""Per step, plain decode or the speculative step: the MTP gate, its setting, eligibility, entry pin.
+"""Per step, plain decode or the speculative step, and how deep each sequence drafts.
+
+Two deciders, by what is known:
+- with a cost table (a prior of any origin, corrected online): the online controller
+  (runtime/controller.py) chooses each sequence's depth from measured costs and its own acceptance;
+- without one (--spec-cost-model off): the MTP gate (runtime/gate.py, spec/mtp_gate.md) compares
+  measured tok/s of both modes over windows, with its probes and the entry pin, at the configured K.
+--mtp-gate force speculates whenever eligible at K, or, while a table exists, wherever the planner's
+best estimate pays (no exploration, so the path does not depend on timing);
+off never speculates. Settings arrive as values: environment variables are read once, into Config.
 
 Pure policy (no asyncio, no MLX, no clock): the scheduler passes measured wall times in.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from dataclasses import dataclass
 
+from runtime.controller import OnlineController, Plan
 from runtime.eligibility import (
-    GateSetting, ThinkMarkers, entry_pin_forces_verify, entry_pin_tokens_from_env, gate_setting,
-    spec_dispatch_eligible, spec_think_from_env,
+    DEFAULT_ENTRY_PIN_TOKENS, GateSetting, ThinkMarkers, entry_pin_forces_verify, spec_dispatch_eligible,
 )
-from runtime.cost_table import CostTable
 from runtime.gate import GateDecision, GateStep, MtpGate
-from runtime.plan import propose_depth, sequence_depths
+from runtime.plan import sequence_depths
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    step: GateStep
+    depths: tuple[int, ...]  # drafts to ask of each sequence (0: a plain row)
+    pinned: bool = False  # run under the entry pin: not recorded by the gate
+    exploring: bool = False  # run to learn, charged to the exploration budget
 
 
 class SpeculationPolicy:
-    def __init__(self, drafter: str, k: int, gate_cli: str | None = None, resume_guard: int = 0,
-                 think_markers: ThinkMarkers = ThinkMarkers(), env: Mapping[str, str] = os.environ,
-                 mtp_max_seqs: int = 32, table: CostTable | None = None, slack: float = 0.1):
+    def __init__(self, drafter: str, k: int, setting: GateSetting | str | None = None, *,
+                 controller: OnlineController | None = None, pin_tokens: int | None = DEFAULT_ENTRY_PIN_TOKENS,
+                 spec_think: bool = False, resume_guard: int = 0, think_markers: ThinkMarkers = ThinkMarkers(),
+                 mtp_max_seqs: int = 32):
         self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
-        self.table, self.slack = table, slack  # the measured planner (spec/plan.md), when a table exists
-        self.last_depth: tuple[int, str] = (k, "configured")
-        self._choices: dict = {}  # width -> the planner's DepthChoice
-        self.setting = GateSetting.OFF if drafter == "none" else gate_setting(gate_cli, env)
-        self.gate = MtpGate() if self.setting is GateSetting.AUTO else None
-        self.pin_tokens = entry_pin_tokens_from_env(env)
-        self.spec_think = spec_think_from_env(env)
+        self.setting = GateSetting.OFF if drafter == "none" else GateSetting(setting or "auto")
+        self.controller = controller
+        self.gate = MtpGate() if self.setting is GateSetting.AUTO and controller is None else None
+        self.pin_tokens = DEFAULT_ENTRY_PIN_TOKENS if pin_tokens is None else pin_tokens
+        self.spec_think = spec_think
         self.resume_guard, self.think_markers = resume_guard, think_markers
+        self.last: StepChoice | None = None
 
     @property
     def enabled(self) -> bool:
         return self.setting is not GateSetting.OFF
 
     def eligible(self, seq) -> bool:
-        # Under the measuring gate the step path depends on timing, and rejection sampling draws
-        # differ by path: a seeded sampled request decodes plainly so its seed reproduces its output.
-        if self.gate is not None and seq.params.seed is not None and not seq.params.greedy:
+        # Where measurement picks the path, rejection sampling draws differ by path: a seeded
+        # sampled request decodes plainly so its seed reproduces its output.
+        if self.setting is GateSetting.AUTO and seq.params.seed is not None and not seq.params.greedy:
             return False
         return spec_dispatch_eligible(seq.think, resume_guard=self.resume_guard, spec_think=self.spec_think,
                                       disable_mtp=seq.params.disable_mtp)
 
-    def choose(self, batch, context_depth: int) -> tuple[GateStep, bool]:
-        """The step to run for this batch, and whether it runs under the entry pin (not recorded).
-        Sequences that are not eligible take plain rows inside a speculative step."""
-        eligible = [s for s in batch if self.eligible(s)]
-        if self._always_plain(batch, eligible):
-            return GateStep.PLAIN, False
-        if self.gate is None:
-            return GateStep.MTP, False
+    def choose(self, batch, context_depth: int) -> StepChoice:
+        """The step to run for this batch. Sequences not eligible take plain rows in a speculative step."""
+        eligible = [self.enabled and self.eligible(s) for s in batch]
+        plain = StepChoice(GateStep.PLAIN, (0,) * len(batch))
+        if not any(eligible) or len(batch) > self.mtp_max_seqs:
+            choice = plain
+        elif self.controller is not None:
+            choice = self._controlled(batch, eligible)
+        else:
+            choice = self._gated(batch, eligible, context_depth) or plain
+        self.last = choice
+        return choice
+
+    def _controlled(self, batch, eligible) -> StepChoice:
+        # Forced: the planner's depths with no exploration, so the path is fixed by the table alone.
+        plan: Plan = self.controller.plan(batch, eligible, explore=self.setting is GateSetting.AUTO)
+        step = GateStep.MTP if plan.speculates else GateStep.PLAIN
+        return StepChoice(step, plan.depths, exploring=plan.exploring)
+
+    def _gated(self, batch, eligible, context_depth) -> StepChoice | None:
+        depths = tuple(self.k if ok else 0 for ok in eligible)
+        if self.gate is None:  # forced
+            return StepChoice(GateStep.MTP, depths)
         self.gate.note_width(len(batch))
         self.gate.maybe_remeasure(context_depth)
         step = self.gate.next_step()
-        pinned = entry_pin_forces_verify(step, min_post_think_emitted=min(s.think.post_think_emitted for s in eligible),
-                                         pin_tokens=self.pin_tokens)
-        return (GateStep.MTP, True) if pinned else (step, False)
+        entering = min(s.think.post_think_emitted for s, ok in zip(batch, eligible) if ok)
+        if entry_pin_forces_verify(step, min_post_think_emitted=entering, pin_tokens=self.pin_tokens):
+            return StepChoice(GateStep.MTP, depths, pinned=True)
+        return StepChoice(step, depths) if step is GateStep.MTP else None
 
-    def depth(self, width: int) -> int:
-        """Drafts to propose per sequence this step: the planner's K, or the configured one."""
-        if self.table is None:
-            return self.k
-        choice = self._choices.get(width)
-        if choice is None:  # the table and prior are fixed: one choice per width
-            choice = self._choices[width] = propose_depth(
-                width, table=self.table, prior=self.table.calibration.by_depth, max_k=self.k,
-                slack=self.slack, mtp_max_seqs=self.mtp_max_seqs)
-        self.last_depth = (choice.depth, choice.reason)
-        return choice.depth
-
-    def _always_plain(self, batch, eligible) -> bool:
-        """Speculation off, nobody eligible, over the mtp_max_seqs cap, or the measured planner says
-        no draft pays at this width (then pin and probes aside: such a step would only cost)."""
-        return (not self.enabled or not eligible or len(batch) > self.mtp_max_seqs
-                or (self.table is not None and self.depth(len(batch)) < 1))
-
-    def allot(self, confidences: list[tuple[float, ...]], counts: list[int]) -> list[int]:
-        """After drafting: how many of each sequence's drafts to verify (all, without a table)."""
-        if self.table is None:
+    def allot(self, batch, confidences: list[tuple[float, ...]], counts: list[int]) -> list[int]:
+        """After drafting: how many of each sequence's drafts to verify. With a table and every
+        sequence after tokens per joule, the planner keeps the rows that pay (spec/plan.md)."""
+        if self.controller is None or any(s.params.objective != "energy" for s in batch):
             return counts
-        depths = sequence_depths(self.table, confidences, prior=self.table.calibration.by_depth, max_k=self.k,
+        table = self.controller.costs.table()
+        depths = sequence_depths(table, confidences, prior=table.calibration.by_depth, max_k=self.k,
                                  row_budget=len(counts) * self.k, known_drafts=counts)
         return [min(d, c) for d, c in zip(depths, counts)]
 
     def next_is_plain(self, batch) -> bool:
         """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
-        eligible = [s for s in batch if self.eligible(s)]
-        if self._always_plain(batch, eligible):
+        eligible = [self.enabled and self.eligible(s) for s in batch]
+        if not any(eligible) or len(batch) > self.mtp_max_seqs:
             return True
+        if self.controller is not None:
+            return not self.controller.plan(batch, eligible, explore=self.setting is GateSetting.AUTO).speculates
         if self.gate is None:
             return False
-        return self.gate.next_step() is GateStep.PLAIN and \
-            min(s.think.post_think_emitted for s in eligible) + 1 >= self.pin_tokens
+        entering = min(s.think.post_think_emitted for s, ok in zip(batch, eligible) if ok)
+        return self.gate.next_step() is GateStep.PLAIN and entering + 1 >= self.pin_tokens
 
-    def record(self, step: GateStep, *, pinned: bool, wall_s: float, width: int,
-               tokens: int) -> GateDecision | None:
+    # --- what happened -----------------------------------------------------------------------------
+    def record(self, choice: StepChoice, *, wall_s: float, width: int, tokens: int) -> GateDecision | None:
+        """The gate's record of a step (whole wall time, whole-batch tokens), where a gate runs."""
         if self.gate is None:
             return None
-        self.gate.record(step, wall_s=wall_s, width=width, tokens_emitted=tokens, pinned=pinned)
+        self.gate.record(choice.step, wall_s=wall_s, width=width, tokens_emitted=tokens, pinned=choice.pinned)
         return self.gate.take_fresh_decision()
 
+    def note_text(self, seq, delta: str) -> None:
+        if self.controller is not None:
+            self.controller.note_text(seq, delta)
+
+    def end(self, seq) -> None:
+        if self.controller is not None:
+            self.controller.end(seq)
+
     def gauges(self) -> list[tuple[str, float]]:
-        """The gate's state as telemetry gauges: mode, both estimates, staleness, width bucket."""
+        """The gate's or the controller's state as telemetry gauges."""
+        if self.controller is not None:
+            budget = self.controller.budget
+            last = self.last.depths if self.last else ()
+            return [("planner_depth", float(max(last, default=0))), ("exploration_spent_ms", budget.spent_ms),
+                    ("cost_model_observations", float(self.controller.costs.observations))]
         if self.gate is None:
             return []
         snap = self.gate.snapshot()
@@ -112,9 +143,13 @@ class SpeculationPolicy:
             out += [(f"gate_{mode}_tok_s", float(stats["tok_s"] or 0.0)), (f"gate_{mode}_stale", float(stats["stale"]))]
         return out
 
-    def snapshot(self) -> dict:
+    def snapshot(self, active=()) -> dict:
+        last = self.last
         return {"drafter": self.drafter, "num_draft_tokens": self.k, "gate_setting": self.setting.value,
-                "mtp_max_seqs": self.mtp_max_seqs, "cost_model": "measured" if self.table else "off",
-                "planner_depth": {"depth": self.last_depth[0], "reason": self.last_depth[1]},
+                "mtp_max_seqs": self.mtp_max_seqs,
+                "decider": "controller" if self.controller else ("gate" if self.gate else self.setting.value),
+                "last_step": {"step": last.step.value, "depths": list(last.depths), "exploring": last.exploring,
+                              "pinned": last.pinned} if last else None,
                 "entry_pin_tokens": self.pin_tokens,
-                "gate": self.gate.snapshot() if self.gate is not None else None}
+                "gate": self.gate.snapshot() if self.gate is not None else None,
+                "controller": self.controller.snapshot(active) if self.controller is not None else None}

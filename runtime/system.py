@@ -20,7 +20,7 @@ from actors.streamer import Streamer
 from actors.telemetry import Telemetry
 from actors.verifier import Verifier
 from runtime.actor import Actor
-from runtime.config import Config, ConfigError
+from runtime.config import Config, ConfigError, with_environment
 from runtime.eligibility import ThinkMarkers
 from runtime.messages import ActorFailure, ModelInfo
 from runtime.modes import make_mode
@@ -30,6 +30,7 @@ from runtime.text import TextCodec
 
 class System:
     def __init__(self, config: Config, model_dir: Path, owner: Actor | None = None):
+        config = with_environment(config)  # a no-op where config set the fields already
         self.config, self.model_dir = config, model_dir
         self.log = structlog.get_logger().bind(actor="system")
         self.codec = TextCodec(model_dir)
@@ -40,7 +41,7 @@ class System:
                                          batched=config.scheduler.mode == "mtp_batch")
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
-                                   self.telemetry, self.codec)
+                                   self.telemetry, self.codec, watts_per_core=config.spec.watts_per_core)
         self.admission: Admission | None = None
         self.drafter: Drafter | None = None
         self.verifier: Verifier | None = None
@@ -76,33 +77,41 @@ class System:
         markers = ThinkMarkers(start=self.codec.think_ids[0], end=self.codec.think_ids[1]) \
             if self.codec.think_ids else ThinkMarkers()
         self.scheduler.policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate,
-                                                  think_markers=markers,
-                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
-                                                  table=self._cost_table(), slack=spec.cost_slack)
+                                                  controller=self._controller(), think_markers=markers,
+                                                  pin_tokens=spec.entry_pin_tokens,
+                                                  spec_think=bool(spec.spec_think),
+                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs)
         self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
         self.streamer.admission = self.admission
 
-    def _cost_table(self):
-        """The planner's table for this model, drafter and machine; None (said once) without one."""
-        if self.config.spec.cost_model == "off" or self.info.drafter == "none":
+    def _controller(self):
+        """The online controller, from the best cost prior at hand; None (said once) without one."""
+        spec = self.config.spec
+        if spec.cost_model == "off" or self.info.drafter == "none":
             return None
-        from runtime.calibrate import find_table, model_id
-        from runtime.cost_table import CostTableError, load_table, machine_id
+        from runtime.calibrate import model_id, table_path
+        from runtime.controller import OnlineController
+        from runtime.cost_prior import load_prior, save_learned
+        from runtime.cost_table import machine_id
+        from runtime.exploration import ExplorationBudget
+        from runtime.online_cost import OnlineCostModel
 
-        model = model_id(self.model_dir)
-        path = find_table(model, self.info.drafter, cache=self.config.model.cache_dir)
-        try:
-            if path is None:
-                raise CostTableError(f"no calibration table for {model} / {self.info.drafter}")
-            table = load_table(path, expect_model=model, expect_machine=machine_id())
-        except CostTableError as e:
-            self.log.warning("no_cost_table", reason=str(e), fallback_depth=self.config.spec.num_draft_tokens,
+        model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
+        found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log)
+        if found is None:
+            self.log.warning("no_cost_table", model=model, drafter=self.info.drafter,
+                             fallback_depth=spec.num_draft_tokens,
                              hint="run `metrale calibrate` to let the planner choose draft depths")
             return None
-        self.log.info("cost_table_loaded", path=str(path), widths=list(table.widths), depths=list(table.depths))
-        return table
+        costs = OnlineCostModel(*found)
+        learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
+        self.scheduler.persist = lambda: save_learned(costs, learned, machine=machine, blas=self.info.blas,
+                                                      energy_source=self.scheduler.meter.source, log=self.log)
+        return OnlineController(costs, max_k=spec.num_draft_tokens, slack=spec.cost_slack,
+                                mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
+                                budget=ExplorationBudget(share=spec.exploration_share))
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:

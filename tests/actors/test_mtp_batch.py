@@ -22,7 +22,7 @@ async def started(gate: str, max_active: int = 8):
     owner = ScriptedSpecOwner(dict(SCRIPTS))
     streamer, telemetry = Collector(), Sink()
     drafter, verifier = Drafter("ngram", owner, telemetry), Verifier(owner, telemetry)
-    policy = SpeculationPolicy("ngram", 3, gate, env={})
+    policy = SpeculationPolicy("ngram", 3, gate)
     mode = MtpBatchMode(max_active, batch_wait_ms=1.0)
     scheduler = Scheduler(mode, owner, streamer, telemetry, CharCodec(), policy, drafter, verifier)
     actors = [owner, streamer, telemetry, drafter, verifier, scheduler]

@@ -8,6 +8,7 @@ from actors.verifier import Verifier
 from runtime.messages import Admitted, Failed, Finished, SamplingParams, TokensEmitted
 from runtime.modes import SerialMode
 from runtime.speculation import SpeculationPolicy
+from tests.unit.test_speculation_policy import controlled
 from tests.actors.fakes import CharCodec, Collector, ScriptedSpecOwner, Sink
 
 SCRIPT = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, 3]
@@ -17,7 +18,7 @@ async def run_one(params: SamplingParams, owner=None, table=None):
     owner = owner or ScriptedSpecOwner({"r": SCRIPT})
     streamer, telemetry = Collector(), Sink()
     drafter, verifier = Drafter("ngram", owner, telemetry), Verifier(owner, telemetry)
-    policy = SpeculationPolicy("ngram", 3, "force", env={}, table=table)
+    policy = controlled("force", table) if table is not None else SpeculationPolicy("ngram", 3, "force")
     scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, drafter, verifier)
     actors = [owner, streamer, telemetry, drafter, verifier, scheduler]
     for actor in actors:
@@ -65,7 +66,7 @@ async def test_a_failing_verification_fails_only_that_request():
 
 
 async def test_the_planner_decides_depth_inside_the_scheduler():
-    from tests.unit.test_speculation_policy import _table
+    from tests.unit.test_speculation_policy import _table  # noqa: F811
 
     _, dear = await run_one(SamplingParams(max_tokens=len(SCRIPT)), table=_table([10, 20, 30, 40], 0.1))
     assert dear.terminals()[0].usage.speculation.verify_steps == 0  # depth 0: plain steps only

@@ -1,0 +1,175 @@
+"""The online controller: each step's draft depth per sequence, from what this server measured.
+
+Costs come from the online cost model (runtime/online_cost.py), corrected by every served step;
+acceptance from each request's own verify outcomes, shrunk toward its content phase's
+(runtime/acceptance_online.py, runtime/content_phase.py). For every eligible sequence the planner
+(runtime/plan.py, propose_depth) picks the depth its objective prefers, given the batch width and
+that sequence's posterior. A step speculates when some sequence's depth is at least 1.
+
+Exploration: where no sequence's best estimate pays but the upper bound of its acceptance says a
+draft might, the step may speculate at the bound's depth to learn, paid for by the exploration
+budget (runtime/exploration.py: at most 1% of plain decode time). This replaces the gate's fixed
+probes and the entry pin while a cost table exists: both explore only where evidence leaves room.
+
+Pure: no clock, no I/O, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance
+from runtime.content_phase import Phase, PhaseTracker
+from runtime.exploration import ExplorationBudget
+from runtime.online_cost import OnlineCostModel
+from runtime.plan import expected_tokens, propose_depth
+
+CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
+
+
+@dataclass
+class RequestControl:
+    """The controller's state of one request."""
+
+    acceptance: RequestAcceptance
+    objective: str = "balanced"
+    text: PhaseTracker = field(default_factory=PhaseTracker)
+    phase: Phase = Phase.ANSWER
+    depth: int = 0  # chosen at the latest step
+    explored: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step: each sequence's draft depth (0: a plain row), and whether it explores."""
+
+    depths: tuple[int, ...]
+    exploring: bool = False
+
+    @property
+    def speculates(self) -> bool:
+        return any(self.depths)
+
+
+class OnlineController:
+    def __init__(self, costs: OnlineCostModel, *, max_k: int, slack: float, mtp_max_seqs: int,
+                 budget: ExplorationBudget | None = None):
+        self.costs, self.max_k, self.slack, self.mtp_max_seqs = costs, max_k, slack, mtp_max_seqs
+        self.priors = PhasePriors(costs.prior.calibration.by_depth, depth=max(max_k, 1))
+        self.budget = budget or ExplorationBudget()
+        self.requests: dict[str, RequestControl] = {}
+        self.conversations: OrderedDict[str, dict[Phase, Counts]] = OrderedDict()
+        self.phase_speculates: dict[Phase, bool] = {}
+        self.switches: list[tuple[Phase, bool]] = []  # phase decision flips not yet traced
+
+    # --- requests --------------------------------------------------------------------------------
+    def control(self, seq) -> RequestControl:
+        ctl = self.requests.get(seq.request_id)
+        if ctl is None:
+            start = self.conversations.get(seq.params.conversation) if seq.params.conversation else None
+            ctl = RequestControl(RequestAcceptance(self.priors, start), objective=seq.params.objective)
+            self.requests[seq.request_id] = ctl
+        return ctl
+
+    def note_text(self, seq, delta: str) -> None:
+        ctl = self.control(seq)
+        ctl.text.advance(delta)
+        ctl.phase = ctl.text.phase(seq.think.inside_think)
+
+    def end(self, seq) -> None:
+        """A request left: its evidence seeds the next turn of its conversation."""
+        ctl = self.requests.pop(seq.request_id, None)
+        key = seq.params.conversation
+        if ctl is None or not key:
+            return
+        self.conversations[key] = {p: c.copy() for p, c in ctl.acceptance.counts.items()}
+        self.conversations.move_to_end(key)
+        while len(self.conversations) > CONVERSATIONS:
+            self.conversations.popitem(last=False)
+
+    # --- deciding --------------------------------------------------------------------------------
+    def plan(self, batch, eligible: list[bool], explore: bool = True) -> Plan:
+        n = len(batch)
+        if n > self.mtp_max_seqs or not any(eligible):
+            return Plan((0,) * n)
+        table = self.costs.table()
+        depths = tuple(self._depth(seq, n, table) if ok else 0 for seq, ok in zip(batch, eligible))
+        self._note_phase_decisions(batch, eligible, n, table)
+        if any(depths) or not explore:
+            return Plan(depths)
+        upper = tuple(self._depth(seq, n, table, upper=True) if ok else 0 for seq, ok in zip(batch, eligible))
+        if any(upper) and self.budget.can_explore(self._expected_loss(batch, upper, n)):
+            return Plan(upper, exploring=True)
+        return Plan(depths)
+
+    def _depth(self, seq, n: int, table, upper: bool = False) -> int:
+        ctl = self.control(seq)
+        acc = ctl.acceptance
+        probs = acc.upper(ctl.phase, self.max_k) if upper else acc.mean(ctl.phase, self.max_k)
+        choice = propose_depth(n, table=table, prior=probs, max_k=self.max_k, slack=self.slack,
+                               mtp_max_seqs=self.mtp_max_seqs, objective=ctl.objective)
+        if not upper:
+            ctl.depth = choice.depth
+        return choice.depth
+
+    def _expected_loss(self, batch, depths: tuple[int, ...], n: int) -> float:
+        """ms an exploring step is expected to lose against plain decode, at the mean acceptance."""
+        k = max(depths)
+        plain = self.costs.table().step_cost(n, 0).ms
+        tokens = sum(expected_tokens(self.control(s).acceptance.mean(self.control(s).phase, d))
+                     for s, d in zip(batch, depths))
+        tokens += n - sum(1 for d in depths if d)  # plain rows emit one token each
+        return max(0.0, self.costs.table().step_cost(n, k).ms - plain * tokens / n)
+
+    def _note_phase_decisions(self, batch, eligible, n: int, table) -> None:
+        """Each phase's own decision at this width, from its prior alone: a flip is traced."""
+        for phase in {self.control(s).phase for s, ok in zip(batch, eligible) if ok}:
+            choice = propose_depth(n, table=table, prior=self.priors.mean(phase), max_k=self.max_k,
+                                   slack=self.slack, mtp_max_seqs=self.mtp_max_seqs, objective="balanced")
+            speculates = choice.depth > 0
+            if self.phase_speculates.get(phase) not in (None, speculates):
+                self.switches.append((phase, speculates))
+            self.phase_speculates[phase] = speculates
+
+    def take_switches(self) -> list[tuple[Phase, bool]]:
+        out, self.switches = self.switches, []
+        return out
+
+    # --- what happened ---------------------------------------------------------------------------
+    def record_plain(self, width: int, ms: float, joules: float) -> None:
+        self.costs.observe("verify", width, 0, ms, joules)
+        self.budget.note_plain(ms)
+
+    def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
+                    draft_width: int, draft_ms: float, draft_j: float, tokens: int) -> None:
+        """A speculative step's costs (draft and verify apart) and its wall time in the budget."""
+        n = len(batch)
+        if draft_width:
+            self.costs.observe("draft", draft_width, max(plan.depths), draft_ms, draft_j)
+        self.costs.observe("verify", n, verify_depth, verify_ms, verify_j)
+        if plan.exploring:
+            plain = self.costs.table().step_cost(n, 0).ms
+            self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
+
+    def record_outcome(self, seq, drafted: int, accepted: int) -> None:
+        ctl = self.control(seq)
+        if drafted:
+            ctl.acceptance.note(ctl.phase, drafted, accepted)
+
+    def step_passed(self, batch) -> None:
+        for seq in batch:
+            self.control(seq).acceptance.step()
+
+    # --- visible ---------------------------------------------------------------------------------
+    def describe_request(self, seq) -> dict:
+        ctl = self.control(seq)
+        return {"request_id": seq.request_id, "phase": ctl.phase.value, "objective": ctl.objective,
+                "acceptance": [round(p, 3) for p in ctl.acceptance.mean(ctl.phase, self.max_k)],
+                "depth": ctl.depth}
+
+    def snapshot(self, active=()) -> dict:
+        return {"cost_model": self.costs.snapshot(), "phase_acceptance": self.priors.snapshot(),
+                "phase_speculates": {p.value: s for p, s in self.phase_speculates.items()},
+                "exploration": self.budget.snapshot(), "conversations": len(self.conversations),
+                "requests": [self.describe_request(s) for s in active]}

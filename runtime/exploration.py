@@ -1,0 +1,46 @@
+"""The exploration budget: speculative steps run to learn, paid for from a bounded allowance.
+
+Where the planner's best estimate says plain decode pays and the upper bound of acceptance says
+drafting still might, a step may speculate to find out. Its cost is what it lost against plain
+decode: its wall time less the plain cost of the tokens it emitted (never below zero). Every plain
+step adds `share` of its wall time to the allowance, so over any run exploration costs at most
+`share` of the time spent decoding plainly (1% by default) plus one step; the allowance is capped,
+so a long plain spell cannot buy a burst of losses later.
+
+Pure: the scheduler passes wall times in.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+DEFAULT_SHARE = 0.01
+
+
+class ExplorationBudget(msgspec.Struct, kw_only=True):
+    share: float = DEFAULT_SHARE
+    cap_ms: float = 2000.0  # at most this much loss saved up
+    allowance_ms: float = 0.0
+    spent_ms: float = 0.0  # what exploration lost, all told
+    earned_ms: float = 0.0  # what plain steps paid in, all told
+    steps: int = 0
+
+    def can_explore(self, expected_loss_ms: float) -> bool:
+        return self.share > 0 and self.allowance_ms >= max(expected_loss_ms, 0.0)
+
+    def note_plain(self, wall_ms: float) -> None:
+        earned = self.share * max(wall_ms, 0.0)
+        self.earned_ms += earned
+        self.allowance_ms = min(self.cap_ms, self.allowance_ms + earned)
+
+    def note_explored(self, wall_ms: float, plain_ms_per_token: float, tokens_per_seq: float) -> float:
+        """Charge one exploring step; returns what it lost against plain decode."""
+        loss = max(0.0, wall_ms - plain_ms_per_token * tokens_per_seq)
+        self.allowance_ms -= loss
+        self.spent_ms += loss
+        self.steps += 1
+        return loss
+
+    def snapshot(self) -> dict:
+        return {"share": self.share, "allowance_ms": round(self.allowance_ms, 2), "spent_ms": round(self.spent_ms, 2),
+                "earned_ms": round(self.earned_ms, 2), "steps": self.steps}

@@ -1,0 +1,137 @@
+"""The online cost model: every served step corrects the planner's cost table (runtime/cost_table.py).
+
+A prior table (this machine's, another machine's, or a short self-calibration) gives each cell's
+shape; served steps give its scale here. What is learned is the log-ratio of measured to prior cost,
+at three levels each shrunk toward the one above by its count: the whole kind (verify or draft),
+one batch width, one (width, depth) cell. So on a machine twice as fast as the prior's, a hundred
+plain steps halve every cell, and the cells that were measured themselves follow their own figures.
+
+Each level is a `RobustEstimate`: a centre, a spread (mean absolute residual) and a count. A
+residual is clipped to CLIP spreads before it moves the centre, so one outlier (a GC pause, a page
+fault) moves a cell by at most CLIP * spread / (count + 1) and never far. Past MEMORY observations
+the centre becomes an exponential average, so a cell follows a machine whose speed drifts.
+
+Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+from runtime.cost_table import Cost, CostTable, TableMeta
+
+Kind = Literal["verify", "draft"]
+
+CLIP = 3.0  # residuals past 3 spreads are clipped: a stall cannot drag a cell
+MEMORY = 64  # observations after which a centre is an exponential average over about this many
+SPREAD_FLOOR = 0.02  # log units (2%): a tight cell still lets a real change through, step by step
+SPREAD_START = 0.25  # the spread assumed before any residual is seen
+SHRINK = 8.0  # pseudo-observations of a level's parent: a cell leans on its width until it has ~8 own
+
+
+class RobustEstimate(msgspec.Struct, kw_only=True):
+    """A clipped running mean of log-ratios, its spread and its count."""
+
+    centre: float = 0.0
+    spread: float = SPREAD_START
+    count: int = 0
+
+    def update(self, x: float) -> None:
+        if self.count == 0:
+            self.centre, self.count = x, 1
+            return
+        bound = CLIP * max(self.spread, SPREAD_FLOOR)
+        residual = min(bound, max(-bound, x - self.centre))
+        weight = 1.0 / min(self.count + 1, MEMORY)
+        self.centre += weight * residual
+        self.spread += weight * (abs(residual) - self.spread)
+        self.count += 1
+
+
+def shrunk(own: RobustEstimate | None, parent: float) -> float:
+    """own's centre, pulled toward the parent's by SHRINK pseudo-observations."""
+    if own is None or own.count == 0:
+        return parent
+    return (own.count * own.centre + SHRINK * parent) / (own.count + SHRINK)
+
+
+class OnlineCostModel:
+    """Verify and draft costs by (width, depth), learned from served steps on top of a prior table."""
+
+    def __init__(self, prior: CostTable, source: str):
+        self.prior, self.source = prior, source
+        self.observations = 0
+        # kind -> level estimates: the kind as a whole, each width, each cell; for ms and joules
+        self._levels: dict[tuple, RobustEstimate] = {}
+        self._table: CostTable | None = None
+
+    def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
+        """One served step's cost (a plain step is verify at depth 0)."""
+        if width < 1 or depth < 0 or not (ms > 0 and math.isfinite(ms)):
+            return
+        prior = self._prior_cost(kind, width, depth)
+        for unit, value, base in (("ms", ms, prior.ms), ("j", joules, prior.joules)):
+            if not (value > 0 and base > 0 and math.isfinite(value)):
+                continue
+            x = math.log(value / base)
+            for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
+                self._levels.setdefault(key, RobustEstimate()).update(x)
+        self.observations += 1
+        self._table = None
+
+    def ratio(self, kind: Kind, unit: str, width: int, depth: int) -> float:
+        """Measured over prior cost at this cell (1.0 before anything is measured)."""
+        top = shrunk(self._levels.get((kind, unit)), 0.0)
+        mid = shrunk(self._levels.get((kind, unit, width)), top)
+        return math.exp(shrunk(self._levels.get((kind, unit, width, depth)), mid))
+
+    def cost(self, kind: Kind, width: int, depth: int) -> Cost:
+        prior = self._prior_cost(kind, width, depth)
+        return Cost(ms=prior.ms * self.ratio(kind, "ms", width, depth),
+                    joules=prior.joules * self.ratio(kind, "j", width, depth))
+
+    def table(self) -> CostTable:
+        """The corrected table the planner reads: the prior's grid plus every width served."""
+        if self._table is None:
+            widths = sorted(set(self.prior.widths) | {k[2] for k in self._levels if len(k) >= 3})
+            depths = self.prior.depths
+            grid = {kind: tuple(tuple(self._cell(kind, n, k) for k in depths) for n in widths)
+                    for kind in ("verify", "draft")}
+            self._table = msgspec.structs.replace(self.prior, widths=tuple(widths), verify=grid["verify"],
+                                                  draft=grid["draft"])
+        return self._table
+
+    def learned_table(self, meta: TableMeta) -> CostTable:
+        """The corrected table under new metadata: what is saved for the next start."""
+        return msgspec.structs.replace(self.table(), meta=meta)
+
+    def _cell(self, kind: Kind, n: int, k: int) -> Cost:
+        if kind == "draft" and k == 0:
+            return Cost(ms=0.0, joules=0.0)  # depth 0 drafts nothing
+        return self.cost(kind, n, k)
+
+    def _prior_cost(self, kind: Kind, width: int, depth: int) -> Cost:
+        if kind == "verify":
+            return self.prior.verify_cost(width, depth)
+        return self.prior.draft_cost(width, depth)
+
+    def cells(self) -> list[dict]:
+        """Every measured cell with its count, spread (log units) and current ms, for /health."""
+        out = []
+        for key, est in sorted(self._levels.items(), key=lambda kv: str(kv[0])):
+            if len(key) == 4 and key[1] == "ms":
+                kind, _, width, depth = key
+                out.append({"kind": kind, "width": width, "depth": depth, "count": est.count,
+                            "spread": round(est.spread, 4), "ms": round(self.cost(kind, width, depth).ms, 3),
+                            "ratio_to_prior": round(self.ratio(kind, "ms", width, depth), 4)})
+        return out
+
+    def snapshot(self) -> dict:
+        top = self._levels.get(("verify", "ms"))
+        return {"prior_source": self.source, "prior_machine": self.prior.meta.machine,
+                "observations": self.observations,
+                "scale_to_prior": round(math.exp(top.centre), 4) if top and top.count else None,
+                "cells": self.cells()}
