@@ -36,7 +36,8 @@ class Scheduler(Actor):
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
                  codec: TextCodec, policy: SpeculationPolicy | None = None,
-                 drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0):
+                 drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0,
+                 budget: PrefillBudget | None = None):
         super().__init__(inbox_size=1024)
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
@@ -47,7 +48,7 @@ class Scheduler(Actor):
         self.steps = 0
         self.prefilling: list[Sequence] = []  # a group part-way through a chunked prefill
         self.prefill_seconds = 0.0  # its chunks so far
-        self.budget = PrefillBudget()
+        self.budget = budget or PrefillBudget()
         self.meter = open_meter(watts_per_core)  # each step's joules, for the online cost model
         self.persist = None  # saves the learned cost table (set by the system), called now and then
         self.persisted_at = time.monotonic()

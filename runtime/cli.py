@@ -10,7 +10,8 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from runtime.config import Config, ConfigError, load_config, override, preset
+from runtime.config import Config, ConfigError, load_config, preset, with_environment
+from runtime.config_flags import add_config_flags, apply_flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,27 +38,10 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metrale", description=__doc__)
     sub = parser.add_subparsers(required=True, dest="command")
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API",
+                           description="Every setting of runtime/config.py is a flag; a flag overrides the TOML.")
     serve.add_argument("--config", help="a TOML file, or a preset name (default, serial, mtp_batch, hyper)")
-    serve.add_argument("--model", help="an mlx-lm model directory (default: SmolLM2-135M-Instruct)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--scheduler-mode", choices=["serial", "mtp_batch", "hyper"])
-    serve.add_argument("--max-active-requests", type=int)
-    serve.add_argument("--batch-wait-ms", type=float)
-    serve.add_argument("--log-format", choices=["json", "console"])
-    serve.add_argument("--cache-dir", help="where converted models live (default ~/.cache/metrale)")
-    serve.add_argument("--drafter", choices=["auto", "mtp", "draft-model", "ngram", "none"],
-                       help="auto (default): the model's MTP head if one is found, else n-gram lookup")
-    serve.add_argument("--draft-model", help="an mlx-lm model directory with the same tokenizer")
-    serve.add_argument("--mtp-head", help="a folder with mtp_head.safetensors and mtp_head.json")
-    serve.add_argument("--num-draft-tokens", type=int, help="K, drafts per speculative step")
-    serve.add_argument("--mtp-gate", choices=["auto", "force", "off"],
-                       help="auto: speculate when measured faster; force: whenever eligible; off: never")
-    serve.add_argument("--spec-cost-model", choices=["measured", "off"],
-                       help="measured (default): draft depth from `metrale calibrate`'s table where one exists")
-    serve.add_argument("--spec-cost-slack", type=float, help="tok/s the planner may give up for tokens/joule")
-    serve.add_argument("--mtp-max-seqs", type=int, help="above this batch width, no speculation")
+    add_config_flags(serve)
     serve.set_defaults(func=cmd_serve)
     fetch = sub.add_parser("fetch-model", help="fetch and convert the default model, print its directory")
     fetch.add_argument("--cache-dir")
@@ -88,15 +72,7 @@ def config_from_args(args) -> Config:
     path = args.config
     if path and not Path(path).exists():
         path = preset(path)
-    config = load_config(path)
-    config = override(config, "server", host=args.host, port=args.port, log_format=args.log_format)
-    config = override(config, "model", path=args.model, cache_dir=args.cache_dir)
-    config = override(config, "spec", drafter=args.drafter, draft_model=args.draft_model, mtp_head=args.mtp_head,
-                      num_draft_tokens=args.num_draft_tokens, mtp_gate=args.mtp_gate,
-                      cost_model=args.spec_cost_model, cost_slack=args.spec_cost_slack)
-    return override(config, "scheduler", mode=args.scheduler_mode,
-                    max_active_requests=args.max_active_requests, batch_wait_ms=args.batch_wait_ms,
-                    mtp_max_seqs=args.mtp_max_seqs)
+    return with_environment(apply_flags(load_config(path), args))
 
 
 def resolve_model(config: Config) -> Path:

@@ -3,54 +3,71 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from runtime.gate import GateConfig
 
 SchedulerMode = Literal["serial", "mtp_batch", "hyper"]
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+def doc(kind, text: str):
+    """A field's type with its description: the one place `metrale serve --help` reads it from."""
+    return Annotated[kind, msgspec.Meta(description=text)]
+
+
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 1 << 20
-    log_format: Literal["json", "console"] = "json"
+    host: doc(str, "address to listen on") = "127.0.0.1"
+    port: doc(int, "port to listen on") = 8000
+    max_body_bytes: doc(int, "largest request body accepted (bytes)") = 1 << 20
+    log_format: doc(Literal["json", "console"], "trace log lines as JSON or human-readable") = "json"
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    path: str | None = None  # None: the default model, fetched and converted on first use
-    cache_dir: str | None = None  # None: $METRALE_CACHE or ~/.cache/metrale
-    prefill_step: int = 2048
+    path: doc(str | None, "an mlx-lm model directory (default: SmolLM2-135M-Instruct, fetched and "
+                          "converted on first use)") = None
+    cache_dir: doc(str | None, "where converted models and learned tables live "
+                               "(default $METRALE_CACHE or ~/.cache/metrale)") = None
+    prefill_step: doc(int, "prompt tokens per prefill forward of one sequence") = 2048
 
 
 class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_pending: int = 64  # admitted and not yet ended; beyond it a request gets 429
-    max_tokens_limit: int = 4096
+    max_pending: doc(int, "requests admitted and not yet ended; beyond it a request gets 429") = 64
+    max_tokens_limit: doc(int, "the largest max_tokens a request may ask for") = 4096
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    mode: SchedulerMode = "serial"
-    max_active_requests: int = 1
-    batch_wait_ms: float = 0.0
-    mtp_max_seqs: int = 32  # above this batch width every sequence plain-decodes (the planner's cap too)
+    mode: doc(SchedulerMode, "serial, mtp_batch (continuous batching) or hyper") = "serial"
+    max_active_requests: doc(int, "requests decoding at once (mtp_batch)") = 1
+    batch_wait_ms: doc(float, "an idle scheduler waits this long so a burst starts as one batch") = 0.0
+    mtp_max_seqs: doc(int, "above this batch width every sequence plain-decodes") = 32
+    prefill_group: doc(int, "mtp_batch: newcomers prefilled together, at most") = 8
+    prefill_steps_per_chunk: doc(float, "mtp_batch: a prefill chunk costs about this many decode steps") = 4.0
+    prefill_floor: doc(int, "mtp_batch: smallest prefill chunk (padded tokens)") = 256
+    prefill_ceiling: doc(int, "mtp_batch: largest prefill chunk (padded tokens)") = 8192
 
 
 class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    # auto: the model's MTP head where one is found, else n-gram lookup
-    drafter: Literal["auto", "mtp", "draft-model", "ngram", "none"] = "auto"
-    draft_model: str | None = None
-    mtp_head: str | None = None  # a folder with mtp_head.safetensors + mtp_head.json
-    num_draft_tokens: int = 3
-    ngram_max: int = 3
-    mtp_gate: Literal["auto", "force", "off"] | None = None  # None: METRALE_MTP_GATE_FORCE, else auto
-    entry_pin_tokens: int | None = None  # None: METRALE_SPEC_ENTRY_PIN, else 8 (the gate's entry pin)
-    spec_think: bool | None = None  # speculate inside <think>; None: METRALE_DFLASH_SPEC_THINK=1
-    cost_model: Literal["measured", "off"] = "measured"  # draft depth from a calibration table, if one exists
-    cost_slack: float = 0.1  # tok/s may fall this far below depth 1's for a better tokens per joule
-    machine_id: str | None = None  # None: this machine's (OS, CPU model, cores); names whose tables are native
-    watts_per_core: float = 10.0  # the CPU-seconds energy proxy's power, where no energy counter exists
-    exploration_share: float = 0.01  # speculative steps run to learn may cost this share of plain decode time
+    drafter: doc(Literal["auto", "mtp", "draft-model", "ngram", "none"],
+                 "auto: the model's MTP head where one is found, else n-gram lookup") = "auto"
+    draft_model: doc(str | None, "an mlx-lm model directory with the same tokenizer") = None
+    mtp_head: doc(str | None, "a folder with mtp_head.safetensors and mtp_head.json") = None
+    num_draft_tokens: doc(int, "K: the most drafts per sequence and step") = 3
+    ngram_max: doc(int, "longest n-gram the prompt-lookup drafter matches") = 3
+    mtp_gate: doc(Literal["auto", "force", "off"] | None,
+                  "auto: speculate where measured to pay; force: whenever eligible; off: never "
+                  "(unset: METRALE_MTP_GATE_FORCE=1 means force)") = None
+    entry_pin_tokens: doc(int | None, "without a cost table, a request's first tokens speculate "
+                                      "(unset: METRALE_SPEC_ENTRY_PIN, else 8)") = None
+    spec_think: doc(bool | None, "speculate inside <think> (unset: METRALE_DFLASH_SPEC_THINK=1)") = None
+    cost_model: doc(Literal["measured", "off"], "measured: the online controller chooses depths from "
+                                                "a cost table corrected by every step") = "measured"
+    cost_slack: doc(float, "tok/s the energy objective may give up for tokens per joule") = 0.1
+    machine_id: doc(str | None, "this machine's identity for cost tables (default: OS, CPU model, cores)") = None
+    watts_per_core: doc(float, "power of the CPU-seconds energy proxy, where no energy counter exists") = 10.0
+    exploration_share: doc(float, "steps that speculate to learn may cost this share of plain decode time") = 0.01
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +76,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     admission: AdmissionConfig = AdmissionConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     spec: SpecConfig = SpecConfig()
+    gate: GateConfig = GateConfig()
 
 
 class ConfigError(ValueError):

@@ -42,6 +42,7 @@ Policy:
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
 import msgspec
 
@@ -79,16 +80,25 @@ class GateStep(enum.Enum):
 STEP_OF_MODE = {GateMode.SERIAL: GateStep.PLAIN, GateMode.MTP: GateStep.MTP}
 
 
+def _doc(kind, text: str):
+    return Annotated[kind, msgspec.Meta(description=text)]
+
+
 class GateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    window_steps: int = WINDOW_STEPS
-    ewma_weight: float = EWMA_WEIGHT
-    margin: float = SWITCH_MARGIN
-    dwell_windows: int = SWITCH_DWELL_WINDOWS
-    reprobe_tokens: int = REPROBE_TOKENS
-    serial_refresh_tokens: int = SERIAL_REFRESH_TOKENS
-    remeasure_depth_factor: float = REMEASURE_DEPTH_FACTOR
-    remeasure_depth_floor: int = REMEASURE_DEPTH_FLOOR
-    initial_mode: GateMode = GateMode.SERIAL  # MTP has to prove itself first
+    """The gate's settings: Config.gate, flags --gate-*."""
+
+    window_steps: _doc(int, "steps in one measurement window of the gate") = WINDOW_STEPS
+    ewma_weight: _doc(float, "weight of the newest window in a mode's tok/s estimate") = EWMA_WEIGHT
+    margin: _doc(float, "the other mode must beat the current one by this share to switch") = SWITCH_MARGIN
+    dwell_windows: _doc(int, "arbitrations in a row the other mode must win") = SWITCH_DWELL_WINDOWS
+    reprobe_tokens: _doc(int, "per-sequence tokens of plain decode between probes of speculation") = REPROBE_TOKENS
+    serial_refresh_tokens: _doc(int, "per-sequence tokens of speculation between plain refreshes") = \
+        SERIAL_REFRESH_TOKENS
+    remeasure_depth_factor: _doc(float, "a context-depth change by this factor re-measures both modes") = \
+        REMEASURE_DEPTH_FACTOR
+    remeasure_depth_floor: _doc(int, "context depths below this form one regime") = REMEASURE_DEPTH_FLOOR
+    initial_mode: _doc(GateMode, "the mode the gate starts in (serial: speculation proves itself first)") = \
+        GateMode.SERIAL
 
 
 class ModeStats(msgspec.Struct, frozen=True, kw_only=True):

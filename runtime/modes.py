@@ -67,11 +67,11 @@ class MtpBatchMode:
 
     name = "mtp_batch"
     lookahead = True  # plain batch steps start the next one before reading their tokens
-    prefill_group = 8  # new requests prefill together, up to this many per forward
     chunked_prefill = True
 
-    def __init__(self, max_active: int, batch_wait_ms: float):
+    def __init__(self, max_active: int, batch_wait_ms: float, prefill_group: int = 8):
         self.max_active, self.batch_wait_s = max_active, batch_wait_ms / 1000.0
+        self.prefill_group = prefill_group  # new requests prefill together, up to this many per forward
         self.width_histogram: Counter[int] = Counter()
         self.steps: Counter[str] = Counter()
         self.rows_verified = self.accepted = 0
@@ -103,5 +103,5 @@ def make_mode(config: SchedulerConfig) -> SchedulerMode:
     if config.mode == "serial":
         return SerialMode()
     if config.mode == "mtp_batch":
-        return MtpBatchMode(config.max_active_requests, config.batch_wait_ms)
+        return MtpBatchMode(config.max_active_requests, config.batch_wait_ms, config.prefill_group)
     raise ConfigError(f"--scheduler-mode {config.mode} is not available yet (serial and mtp_batch are)")

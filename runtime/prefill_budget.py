@@ -17,7 +17,8 @@ WEIGHT = 0.3  # EWMA weight of the newest measurement
 
 
 class PrefillBudget:
-    def __init__(self):
+    def __init__(self, steps_per_chunk: float = STEPS_PER_CHUNK, floor: int = FLOOR, ceiling: int = CEILING):
+        self.steps_per_chunk, self.floor, self.ceiling = steps_per_chunk, floor, ceiling  # Config.scheduler
         self.prefill_tok_s: float | None = None  # padded tokens per second of prefill chunks
         self.step_s: float | None = None  # wall seconds of a decode step
 
@@ -32,7 +33,7 @@ class PrefillBudget:
     def tokens(self) -> int:
         if self.prefill_tok_s is None or self.step_s is None:
             return UNMEASURED
-        return max(FLOOR, min(CEILING, round(STEPS_PER_CHUNK * self.step_s * self.prefill_tok_s)))
+        return max(self.floor, min(self.ceiling, round(self.steps_per_chunk * self.step_s * self.prefill_tok_s)))
 
     def snapshot(self) -> dict:
         return {"tokens": self.tokens(), "prefill_tok_s": self.prefill_tok_s, "step_s": self.step_s}

@@ -20,7 +20,7 @@ from runtime.controller import OnlineController, Plan
 from runtime.eligibility import (
     DEFAULT_ENTRY_PIN_TOKENS, GateSetting, ThinkMarkers, entry_pin_forces_verify, spec_dispatch_eligible,
 )
-from runtime.gate import GateDecision, GateStep, MtpGate
+from runtime.gate import GateConfig, GateDecision, GateStep, MtpGate
 from runtime.plan import sequence_depths
 
 
@@ -36,11 +36,11 @@ class SpeculationPolicy:
     def __init__(self, drafter: str, k: int, setting: GateSetting | str | None = None, *,
                  controller: OnlineController | None = None, pin_tokens: int | None = DEFAULT_ENTRY_PIN_TOKENS,
                  spec_think: bool = False, resume_guard: int = 0, think_markers: ThinkMarkers = ThinkMarkers(),
-                 mtp_max_seqs: int = 32):
+                 mtp_max_seqs: int = 32, gate_config: GateConfig = GateConfig()):
         self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
         self.setting = GateSetting.OFF if drafter == "none" else GateSetting(setting or "auto")
         self.controller = controller
-        self.gate = MtpGate() if self.setting is GateSetting.AUTO and controller is None else None
+        self.gate = MtpGate(gate_config) if self.setting is GateSetting.AUTO and controller is None else None
         self.pin_tokens = DEFAULT_ENTRY_PIN_TOKENS if pin_tokens is None else pin_tokens
         self.spec_think = spec_think
         self.resume_guard, self.think_markers = resume_guard, think_markers

@@ -24,6 +24,7 @@ from runtime.config import Config, ConfigError, with_environment
 from runtime.eligibility import ThinkMarkers
 from runtime.messages import ActorFailure, ModelInfo
 from runtime.modes import make_mode
+from runtime.prefill_budget import PrefillBudget
 from runtime.speculation import SpeculationPolicy
 from runtime.text import TextCodec
 
@@ -39,9 +40,12 @@ class System:
         self.telemetry = Telemetry()
         self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec,
                                          batched=config.scheduler.mode == "mtp_batch")
+        sched = config.scheduler
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
-                                   self.telemetry, self.codec, watts_per_core=config.spec.watts_per_core)
+                                   self.telemetry, self.codec, watts_per_core=config.spec.watts_per_core,
+                                   budget=PrefillBudget(sched.prefill_steps_per_chunk, sched.prefill_floor,
+                                                        sched.prefill_ceiling))
         self.admission: Admission | None = None
         self.drafter: Drafter | None = None
         self.verifier: Verifier | None = None
@@ -80,7 +84,8 @@ class System:
                                                   controller=self._controller(), think_markers=markers,
                                                   pin_tokens=spec.entry_pin_tokens,
                                                   spec_think=bool(spec.spec_think),
-                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs)
+                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
+                                                  gate_config=self.config.gate)
         self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
