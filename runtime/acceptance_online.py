@@ -21,9 +21,9 @@ from typing import Sequence
 from runtime.content_phase import Phase
 
 PRIOR_TRIALS = 20.0  # strength of the table's prior in a phase never served
-REQUEST_TRIALS = 4.0  # strength of the phase prior in a request's own posterior
+REQUEST_TRIALS = 3.0  # strength of the phase prior in a request's own posterior
 PHASE_DECAY = 0.995  # per outcome: a phase remembers its last ~200 verify steps
-REQUEST_DECAY = 0.9  # per step: a request remembers its last ~10 steps
+REQUEST_DECAY = 0.95  # per step: a request remembers its last ~20 steps
 Z = 1.64  # one-sided 95%: the upper bound exploration tests
 DEFAULT_PRIOR = (0.3, 0.2, 0.15, 0.1)  # where no table has one: a weak drafter's shape
 

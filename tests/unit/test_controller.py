@@ -1,0 +1,96 @@
+"""The online controller: per-sequence depths, objectives, exploration, conversations, persistence."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import structlog
+
+from runtime.content_phase import Phase
+from runtime.controller import OnlineController
+from runtime.cost_prior import load_prior, save_learned
+from runtime.cost_table import load_table
+from runtime.eligibility import ThinkProgress
+from runtime.exploration import ExplorationBudget
+from runtime.messages import SamplingParams
+from runtime.online_cost import OnlineCostModel
+from runtime.cost_table import AcceptanceCalibration, Cost, make_table
+from tests.unit.test_online_estimators import META, prior_table
+
+_ids = itertools.count()
+
+
+def seq(**params):
+    return SimpleNamespace(request_id=f"s{next(_ids)}", think=ThinkProgress(post_think_emitted=50, emitted=50),
+                           params=SamplingParams(**params))
+
+
+def controller(by_depth=(0.3, 0.2, 0.1), verify=(80, 99, 103, 117, 130), share=0.01):
+    costs = OnlineCostModel(prior_table(verify=verify, by_depth=by_depth), "test")
+    return OnlineController(costs, max_k=3, slack=0.1, mtp_max_seqs=32, budget=ExplorationBudget(share=share))
+
+
+def test_depth_follows_each_requests_own_acceptance():
+    ctl = controller(by_depth=(0.7, 0.6, 0.5))
+    good, bad = seq(), seq()
+    for _ in range(30):
+        ctl.record_outcome(good, 3, 3)
+        ctl.record_outcome(bad, 3, 0)
+        ctl.step_passed([good, bad])
+    plan = ctl.plan([good, bad], [True, True], explore=False)
+    assert plan.depths[0] >= 2 and plan.depths[1] == 0
+
+
+def test_objectives_are_honoured_per_sequence_in_one_batch():
+    # Wall time favours drafting (a draft row costs 2.5% of a step), joules favour plain decode.
+    table = make_table(meta=META, widths=(1, 4), depths=(0, 1, 2, 3),
+                       verify=lambda n, k: Cost(ms=80.0 + 2 * k, joules=1.6 * (1 + 3 * k)),
+                       draft=lambda n, k: Cost(ms=0.0, joules=0.0),
+                       calibration=AcceptanceCalibration(by_depth=(0.8, 0.8, 0.8)))
+    ctl = OnlineController(OnlineCostModel(table, "test"), max_k=3, slack=0.9, mtp_max_seqs=32)
+    plan = ctl.plan([seq(objective="latency"), seq(objective="energy"), seq(objective="balanced")],
+                    [True] * 3, explore=False)
+    assert plan.depths[0] == 3 and plan.depths[1] == 0 and plan.depths[2] in (0, 1, 2, 3)
+
+
+def test_exploration_runs_only_on_its_allowance_and_costs_its_share():
+    ctl = controller(by_depth=(0.2, 0.1, 0.05))
+    s = seq()
+    assert not ctl.plan([s], [True]).speculates  # nothing saved up yet
+    for _ in range(200):
+        ctl.record_plain(1, 80.0, 1.6)
+    plan = ctl.plan([s], [True])
+    assert plan.exploring and plan.speculates
+    ctl.record_spec(plan, [s], verify_depth=max(plan.depths), verify_ms=99.0, verify_j=2.0, draft_width=1,
+                    draft_ms=3.0, draft_j=0.06, tokens=1)
+    assert 0 < ctl.budget.spent_ms <= ctl.budget.earned_ms
+
+
+def test_a_conversation_starts_from_its_last_turn():
+    ctl = controller(by_depth=(0.3, 0.2, 0.1))
+    first = seq(conversation="c1")
+    for _ in range(20):
+        ctl.record_outcome(first, 3, 3)
+        ctl.step_passed([first])
+    ctl.end(first)
+    second, stranger = seq(conversation="c1"), seq(conversation="c2")
+    assert ctl.control(second).acceptance.mean(Phase.ANSWER, 1)[0] > \
+        ctl.control(stranger).acceptance.mean(Phase.ANSWER, 1)[0] + 0.1
+
+
+def test_the_learned_table_is_saved_and_is_the_next_starts_prior(tmp_path, monkeypatch):
+    import runtime.calibrate as calibrate
+
+    monkeypatch.setattr(calibrate, "SHIPPED_DIR", tmp_path / "none")
+    log = structlog.get_logger()
+    costs = OnlineCostModel(prior_table(), "foreign-shipped")
+    for _ in range(100):
+        costs.observe("verify", 1, 0, 40.0, 0.8)  # this machine is twice as fast as the prior's
+    path = calibrate.table_path("m", "mtp", str(tmp_path))
+    save_learned(costs, path, machine="this cpu", blas="openblas", energy_source="cpu_proxy", log=log)
+    saved = load_table(path)
+    assert saved.meta.machine == "this cpu" and abs(saved.verify_cost(1, 2).ms - 50.0) < 3.0
+    table, source = load_prior("m", "mtp", str(tmp_path), "this cpu", log)
+    assert source == "cache" and table.verify == saved.verify
+    assert load_prior("m", "mtp", str(tmp_path), "another cpu", log)[1] == "foreign-cache"

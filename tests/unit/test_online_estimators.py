@@ -1,0 +1,145 @@
+"""The online controller's estimators: each invariant their docs state, as a property."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance, posterior
+from runtime.content_phase import Phase, PhaseTracker
+from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
+from runtime.exploration import ExplorationBudget
+from runtime.online_cost import CLIP, SPREAD_FLOOR, OnlineCostModel, RobustEstimate
+from runtime.plan import propose_depth
+
+META = TableMeta(model_id="m", drafter="mtp", machine="a cpu", dtype="float32", blas="openblas",
+                 energy_source="cpu_proxy", watts_per_core=10.0, date="2026-12-01T00:00:00+00:00")
+
+
+def prior_table(verify=(80, 90, 100, 110, 120), by_depth=(0.3, 0.2, 0.1)):
+    return make_table(meta=META, widths=(1, 4), depths=(0, 1, 2, 3, 4),
+                      verify=lambda n, k: Cost(ms=verify[k] * n ** 0.5, joules=verify[k] * n ** 0.5 / 50),
+                      draft=lambda n, k: Cost(ms=3.0 * k, joules=3.0 * k / 50),
+                      calibration=AcceptanceCalibration(by_depth=by_depth))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.3, 3.0), st.floats(0.0, 0.1), st.integers(0, 2**31))
+def test_a_stationary_stream_converges_to_its_ratio(ratio, noise, seed):
+    rng = random.Random(seed)
+    costs = OnlineCostModel(prior_table(), "foreign-shipped")
+    for _ in range(300):
+        costs.observe("verify", 1, 0, 80 * ratio * (1 + rng.uniform(-noise, noise)), 1.6 * ratio)
+    assert abs(costs.ratio("verify", "ms", 1, 0) / ratio - 1) < 0.06
+    # Cells never measured follow the scale learned at the top: the foreign prior is corrected.
+    assert abs(costs.cost("verify", 4, 2).ms / (100 * 2 * ratio) - 1) < 0.06
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=40), st.floats(-50.0, 50.0))
+def test_one_outlier_moves_an_estimate_a_bounded_amount(stream, outlier):
+    est = RobustEstimate()
+    for x in stream:
+        est.update(x)
+    before, count, spread = est.centre, est.count, est.spread
+    est.update(outlier)
+    assert abs(est.centre - before) <= CLIP * max(spread, SPREAD_FLOOR) / (count + 1) + 1e-12
+
+
+def test_a_stall_cannot_drag_a_cell():
+    costs = OnlineCostModel(prior_table(), "shipped")
+    for _ in range(50):
+        costs.observe("verify", 1, 1, 90.0, 1.8)
+    costs.observe("verify", 1, 1, 9000.0, 180.0)  # a 100x stall
+    assert costs.cost("verify", 1, 1).ms < 90.0 * 1.1
+
+
+def test_a_request_whose_drafts_fail_stops_drafting_then_is_tried_again():
+    priors = PhasePriors((0.6, 0.5, 0.4), depth=3)
+    acc = RequestAcceptance(priors)
+    table = prior_table(verify=(80, 99, 103, 117, 130))  # as measured here: one draft costs 1.24 steps
+    depth = lambda: propose_depth(1, table=table, prior=acc.mean(Phase.ANSWER, 3), max_k=3, slack=0.1,  # noqa: E731
+                                  mtp_max_seqs=32, objective="latency").depth
+    assert depth() >= 1
+    for steps in range(1, 20):
+        acc.note(Phase.ANSWER, max(depth(), 1), 0)
+        acc.step()
+        if depth() == 0:
+            break
+    assert depth() == 0 and steps <= 6
+    # Its own evidence fades step by step, so the upper bound reopens: exploration may retry it.
+    upper = lambda: acc.upper(Phase.ANSWER, 1)[0]  # noqa: E731
+    low = upper()
+    for _ in range(40):
+        acc.step()
+    assert upper() > low + 0.1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.0, 0.15), st.floats(0.6, 0.95))
+def test_a_phase_change_moves_the_depth_within_a_few_steps(prose, code):
+    priors, rng = PhasePriors((0.3, 0.2, 0.1), depth=3), random.Random(0)
+    for _ in range(300):  # the server has seen code accepted at `code`, prose at `prose`
+        priors.note(Phase.CODE, 3, _accepted(code, rng))
+        priors.note(Phase.ANSWER, 3, _accepted(prose, rng))
+    acc, table = RequestAcceptance(priors), prior_table(verify=(80, 99, 103, 117, 130))
+    choose = lambda phase: propose_depth(1, table=table, prior=acc.mean(phase, 3), max_k=3,  # noqa: E731
+                                         slack=0.1, mtp_max_seqs=32, objective="latency").depth
+    assert choose(Phase.ANSWER) == 0
+    assert choose(Phase.CODE) >= 1  # the first step in a fence already reads the code prior
+
+
+def _accepted(p: float, rng: random.Random) -> int:
+    """Drafts accepted of 3: the run of successes before the first failure."""
+    run = 0
+    while run < 3 and rng.random() < p:
+        run += 1
+    return run
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(1.0, 500.0), st.floats(0.0, 3.0)), max_size=300))
+def test_exploration_never_costs_more_than_its_share_plus_one_step(steps):
+    budget, worst = ExplorationBudget(share=0.01), 0.0
+    for plain, wall, tokens in steps:
+        if plain:
+            budget.note_plain(wall)
+        elif budget.can_explore(0.0):
+            worst = max(worst, budget.note_explored(wall, 80.0, tokens))
+    assert budget.spent_ms <= budget.earned_ms + worst + 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["a", "`", "``", "```", "\n", "<tool_call>", "</tool_call>", "x y"]),
+                max_size=30), st.integers(1, 5))
+def test_the_phase_does_not_depend_on_how_text_is_split(pieces, cut):
+    text = "".join(pieces)
+    whole, split = PhaseTracker(), PhaseTracker()
+    whole.advance(text)
+    for i in range(0, len(text), cut):
+        split.advance(text[i:i + cut])
+    assert whole.phase(False) is split.phase(False)
+
+
+def test_phases_from_text():
+    t = PhaseTracker()
+    t.advance("Here is the code:\n```py")
+    assert t.phase(False) is Phase.CODE and t.phase(True) is Phase.THINK
+    t.advance("\nx = 1\n``")
+    t.advance("`\nDone.")
+    assert t.phase(False) is Phase.ANSWER
+    j = PhaseTracker()
+    j.advance('  {"name": ')
+    assert j.phase(False) is Phase.TOOL
+
+
+def test_the_posterior_is_shrunk_toward_its_prior():
+    counts = Counts()
+    for _ in range(4):
+        counts.add(1, 0)
+    mean = posterior(counts, (0.5,), 4.0, 1)[0]
+    assert mean == 0.25 and posterior(counts, (0.5,), 4.0, 1, upper=True)[0] > mean
+    assert math.isclose(posterior(Counts(), (0.5,), 4.0, 1)[0], 0.5)
