@@ -17,7 +17,7 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
     Decode, Decoded, Drafted, ModelInfo, Prefill, PrefillChunk, Prefilled, PrefillProgress, Propose, ProposeMany,
-    Release, Rollback, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
+    Quantization, Release, Rollback, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
 
@@ -58,7 +58,8 @@ class ModelOwner(Actor):
         self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
-                         blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind)
+                         blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind,
+                         quantization=Quantization(**loaded.quantization) if loaded.quantization else None)
 
     async def teardown(self) -> None:
         if self.engine is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 
@@ -24,9 +26,25 @@ class LoadedModel:
         return int(self.config["vocab_size"])
 
     @property
+    def quantization(self) -> dict | None:
+        """bits, group_size and mode of a quantized model (mlx-lm's config entry); None if not."""
+        q = self.config.get("quantization") or self.config.get("quantization_config")
+        if not q:
+            return None
+        return {"bits": q.get("bits"), "group_size": q.get("group_size"), "mode": q.get("mode", "affine")}
+
+    @property
     def dtype(self) -> str:
-        return str(self.model.parameters()["model"]["embed_tokens"]["weight"].dtype).split(".")[-1] \
-            if "model" in self.model.parameters() else "unknown"
+        """The weights' dtype ("float32"); quantized: "4-bit (group 64), float32 activations"."""
+        floats = Counter(str(v.dtype).split(".")[-1] for _, v in tree_flatten(self.model.parameters())
+                         if mx.issubdtype(v.dtype, mx.floating))
+        # Packed quantized weights are integers; the floating rest (scales, norms) sets the activations.
+        activations = floats.most_common(1)[0][0] if floats else "unknown"
+        q = self.quantization
+        if q is None:
+            return activations
+        mode = "" if q["mode"] == "affine" else f" {q['mode']}"
+        return f"{q['bits']}-bit{mode} (group {q['group_size']}), {activations} activations"
 
 
 def load(path: Path | str) -> LoadedModel:

@@ -278,15 +278,18 @@ def _token_rows(tokens: int | Sequence[int] | mx.array) -> mx.array:
     return array.astype(mx.int32).reshape(1, -1)
 
 
-def save_mtp_head(head: MTPHead, directory: str | Path, dtype: mx.Dtype | None = None) -> Path:
+def save_mtp_head(head: MTPHead, directory: str | Path, dtype: mx.Dtype | None = None,
+                  base: dict | None = None) -> Path:
     """Write `mtp_head.safetensors` and `mtp_head.json` into directory; returns the directory.
 
-    dtype (e.g. mx.float16 for shipping) converts the floating tensors; ids stay integers."""
+    dtype (e.g. mx.float16 for shipping) converts the floating tensors; ids stay integers.
+    base: what the head fits (kernels/heads.py `base_record`), recorded beside its config."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: _as_dtype(value, dtype) for name, value in tree_flatten(head.parameters())}
     mx.save_safetensors(str(directory / HEAD_WEIGHTS), tensors)
-    (directory / HEAD_CONFIG).write_text(json.dumps(asdict(head.config), indent=2) + "\n")
+    record = asdict(head.config) | ({"base": base} if base else {})
+    (directory / HEAD_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
     return directory
 
 
@@ -301,8 +304,9 @@ def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
     path = Path(path)
     weights_path = path / HEAD_WEIGHTS if path.is_dir() else path
     config_path = path / HEAD_CONFIG if path.is_dir() else path.with_suffix(".json")
-    config = MTPConfig(**json.loads(config_path.read_text()))
-    return _build_head(config, mx.load(str(weights_path)), dtype)
+    fields = json.loads(config_path.read_text())
+    fields.pop("base", None)  # what the head fits, read by kernels/heads.py
+    return _build_head(MTPConfig(**fields), mx.load(str(weights_path)), dtype)
 
 
 def _build_head(config: MTPConfig, weights: Mapping[str, mx.array], dtype: mx.Dtype) -> MTPHead:

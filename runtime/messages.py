@@ -173,13 +173,20 @@ class Decoded(_Msg, frozen=True):
     seconds: float
 
 
+class Quantization(msgspec.Struct, frozen=True, kw_only=True):
+    bits: int | None
+    group_size: int | None
+    mode: str = "affine"
+
+
 class ModelInfo(_Msg, frozen=True):
     model_id: str
     path: str
     context_length: int
     vocab_size: int
     blas: str
-    dtype: str
+    dtype: str  # "float32", or e.g. "4-bit (group 64), float32 activations"
+    quantization: Quantization | None = None
     drafter: str = "none"  # the drafter actually in use ("auto" resolved)
 
 

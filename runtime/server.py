@@ -52,7 +52,7 @@ async def health(request: web.Request) -> web.Response:
     body = {
         "status": "degraded" if system.failure else "ok",
         "failure": system.failure,
-        "model": info.model_id, "model_path": info.path, "dtype": info.dtype,
+        "model": info.model_id, "model_path": info.path, "dtype": info.dtype, "quantization": info.quantization,
         "context_length": info.context_length, "blas": info.blas,
         "mode": system.config.scheduler.mode,
         "uptime_s": round(time.monotonic() - system.started_at, 3),

@@ -231,14 +231,31 @@ def test_data_can_skip_prompts_answered_in_earlier_folders(tmp_path):
 
 
 def test_ship_cuts_the_vocabulary_stores_float16_and_keeps_the_record(base, data_dir, tmp_path):
+    from kernels.heads import base_record, find_mtp_head
     from kernels.mtp_ship import ship
+    from tests.tiny import save_tiny_dir
 
     trained = run(train_args(data_dir, tmp_path / "run", 2), base=base)
-    out = ship(trained, tmp_path / "shipped", 32, "metrale train-mtp ship")
+    model_dir = save_tiny_dir(tmp_path / "base")  # the tiny base as a model directory
+    out = ship(trained, tmp_path / "shipped", 32, "metrale train-mtp ship", model_dir)
     stored = mx.load(str(out / HEAD_WEIGHTS))
     assert stored["draft_lm_head.weight"].shape == (32, base.args.hidden_size)
     assert stored["fc.weight"].dtype == mx.float16
     assert stored["vocab_map"].tolist() == mx.load(str(trained / HEAD_WEIGHTS))["vocab_map"][:32].tolist()
     record = json.loads((out / "train.json").read_text())
     assert record["hyperparameters"]["steps"] == 2
-    assert record["shipped"] == {"draft_vocab": 32, "dtype": "float16", "command": "metrale train-mtp ship"}
+    assert record["shipped"] == {"draft_vocab": 32, "dtype": "float16", "command": "metrale train-mtp ship",
+                                 "base_model": str(model_dir)}
+    # The head records what it fits, so it is found for its base under any name.
+    assert json.loads((out / "mtp_head.json").read_text())["base"] == base_record(model_dir)
+    assert find_mtp_head(model_dir, explicit=str(out)) == out
+
+
+def test_ship_takes_the_base_model_from_the_training_data_record():
+    from kernels.mtp_ship import base_model_of
+
+    record = {"data_recipes": [{"args": {"model": "/m/a"}}, {"args": {"model": "/m/a"}}]}
+    assert str(base_model_of(record)) == "/m/a"
+    for unclear in ({}, {"data_recipes": [{"args": {"model": "/m/a"}}, {"args": {"model": "/m/b"}}]}):
+        with pytest.raises(SystemExit, match="--model"):
+            base_model_of(unclear)
