@@ -1,7 +1,8 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
-Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch (asks: replies
-Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch) and Release, Rollback (tells).
+Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch, TimeCell (asks:
+replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed) and Release,
+Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -17,7 +18,7 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
     Decode, Decoded, Drafted, ModelInfo, Prefill, PrefillChunk, Prefilled, PrefillProgress, Propose, ProposeMany,
-    Quantization, Release, Rollback, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
+    CellTimed, Quantization, Release, Rollback, TimeCell, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
 )
 
 
@@ -34,6 +35,7 @@ class ModelOwner(Actor):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
         self.engine = None
         self.info: ModelInfo | None = None
+        self.timer = None  # the self-calibration's probes, built on its first TimeCell
 
     async def on_thread(self, fn, *args) -> Any:
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
@@ -67,7 +69,7 @@ class ModelOwner(Actor):
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
-                     | VerifyBatch | Rollback) -> Any:
+                     | VerifyBatch | Rollback | TimeCell) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
@@ -88,6 +90,8 @@ class ModelOwner(Actor):
                                             list(msg.emitted))
             case Release():
                 return await self.on_thread(self.engine.release, msg.seq_id)
+            case TimeCell():
+                return await self.on_thread(self._time_cell, msg)
             case _:
                 assert_never(msg)
 
@@ -123,6 +127,16 @@ class ModelOwner(Actor):
         started = time.perf_counter()
         accepted, emitted = self.engine.verify(msg.seq_id, list(msg.drafts), msg.use_draft_probs)
         return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started)
+
+    def _time_cell(self, msg: TimeCell) -> CellTimed:
+        if self.timer is None:
+            from kernels.cell_timer import CellTimer
+            from runtime.energy import open_meter
+
+            self.timer = CellTimer(self.engine, self.info.drafter, self.spec.num_draft_tokens,
+                                   open_meter(self.spec.watts_per_core))
+        ms, joules = self.timer.time(msg.kind, msg.width, msg.depth)
+        return CellTimed(ms=ms, joules=joules)
 
     def _verify_batch(self, msg: VerifyBatch) -> VerifiedBatch:
         from kernels.batch_engine import step_rows

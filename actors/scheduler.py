@@ -12,14 +12,15 @@ import time
 from collections import deque
 from typing import assert_never
 
-import msgspec
 
+from actors.scheduler_spec import SpecStep
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Draft, Drafted, DraftMany, Failed, Finished, Prefill,
-    PrefillChunk, Prefilled, Release, Sample, TokensEmitted, VerifyBatch, VerifyDrafts,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Failed, Finished, Prefill,
+    PrefillChunk, Prefilled, Release, Sample, TimeCell, TokensEmitted,
 )
+from runtime.self_calibration import SELF_CALIBRATED
 from runtime.modes import SchedulerMode
 from runtime.prefill_budget import PrefillBudget
 from runtime.energy import open_meter
@@ -31,7 +32,7 @@ from runtime.text import IncrementalText, TextCodec
 PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown
 
 
-class Scheduler(Actor):
+class Scheduler(SpecStep, Actor):
     name = "scheduler"
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
@@ -51,12 +52,17 @@ class Scheduler(Actor):
         self.budget = budget or PrefillBudget()
         self.meter = open_meter(watts_per_core)  # each step's joules, for the online cost model
         self.persist = None  # saves the learned cost table (set by the system), called now and then
-        self.persisted_at = time.monotonic()
+        self.persisted_at = time.monotonic()  # when the learned table was last saved
+        self.calibration = None  # a SelfCalibration while the server has no cost table (runs when idle)
+        self.make_controller = None  # (table, source) -> OnlineController, for the calibrated table
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
             idle = not self.waiting and not self.active
+            if idle and self.calibration is not None:  # never blocks a request: one call, then look again
+                await self.calibrate_one()
+                idle = False
             items = [await self.inbox.get()] if idle else []
             if idle and self.mode.batch_wait_s:  # let a burst of arrivals start as one batch
                 await asyncio.sleep(self.mode.batch_wait_s)
@@ -95,8 +101,27 @@ class Scheduler(Actor):
         else:
             await self.plain_step(batch)
 
+    async def calibrate_one(self) -> None:
+        """One call of the self-calibration; the last one starts the online controller."""
+        cal = self.calibration
+        kind, width, depth = cell = cal.next_cell()
+        try:
+            timed = await self.owner.ask(TimeCell(kind=kind, width=width, depth=depth))
+        except ActorFailure as e:
+            self.calibration = None
+            self.log.warning("self_calibration_failed", error=str(e))
+            return
+        cal.record(cell, timed.ms, timed.joules)
+        if cal.done:
+            self.calibration = None
+            self.policy.use_controller(self.make_controller(cal.table(), SELF_CALIBRATED))
+            self.log.info("self_calibrated", cells=cal.total, plain_ms=round(cal.table().verify_cost(1, 0).ms, 2))
+            if self.persist is not None:
+                self.persist()
+
     def describe(self) -> dict:
-        return {"mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
+        return {"self_calibration": self.calibration.snapshot() if self.calibration else None,
+                "mode": self.mode.name, "steps": self.steps, "waiting": len(self.waiting),
                 "active": len(self.active), "speculation": self.policy.snapshot(self.mode.decode_batch(self.active)),
                 "prefill_budget": self.budget.snapshot(), **self.mode.describe()}
 
@@ -176,70 +201,6 @@ class Scheduler(Actor):
             await self.emit(seq, [token])
         self.mode.note_step("plain", len(batch), 0, 0)
         await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch))
-
-    async def spec_step(self, batch: list[Sequence], choice: StepChoice) -> None:
-        """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
-        started, energy = time.perf_counter(), self.meter.read()
-        try:
-            drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
-            if not any(drafts):  # nothing to propose: this step decodes plainly
-                return await self.plain_step(batch)
-            drafted_at, drafted_energy = time.perf_counter(), self.meter.read()
-            rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
-                                      use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
-            results = ((await self.verifier.ask(rows[0])),) if len(rows) == 1 else \
-                (await self.verifier.ask(VerifyBatch(rows=rows))).results
-        except ActorFailure as e:
-            for seq in batch:
-                await self.fail(seq, e)
-            return
-        wall = time.perf_counter() - started
-        tokens = sum(len(r.emitted) for r in results)
-        if (controller := self.policy.controller) is not None:
-            controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
-                                   verify_ms=(started + wall - drafted_at) * 1e3,
-                                   verify_j=self.meter.read().since(drafted_energy),
-                                   draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
-                                   draft_j=drafted_energy.since(energy), tokens=tokens)
-        for seq, row, result in zip(batch, rows, results):
-            if row.drafts:
-                seq.spec.note_verify(len(row.drafts), result.accepted, wall)
-                if controller is not None:
-                    controller.record_outcome(seq, len(row.drafts), result.accepted)
-            else:
-                seq.spec.plain_steps += 1
-                seq.spec.plain_seconds += wall
-            await self.emit(seq, list(result.emitted))
-        self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
-        await self.after_step(choice, wall, batch, tokens)
-
-    def allot(self, batch, drafts: list[Drafted | None]) -> list[Drafted | None]:
-        """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
-        counts = [len(d.tokens) if d else 0 for d in drafts]
-        keep = self.policy.allot(batch, [d.confidences if d else () for d in drafts], counts)
-        return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
-                for d, n in zip(drafts, keep)]
-
-    async def draft_all(self, batch: list[Sequence], depths: tuple[int, ...]) -> list[Drafted | None]:
-        """Drafts for every sequence of the step (one ask for the batch); None where one does not
-        speculate this step."""
-        wanted = [(i, self.draft_request(seq, depth)) for i, (seq, depth) in enumerate(zip(batch, depths))]
-        wanted = [(i, d) for i, d in wanted if d is not None]
-        drafts: list[Drafted | None] = [None] * len(batch)
-        if not wanted:
-            return drafts
-        replies = (await self.drafter.ask(wanted[0][1]),) if len(wanted) == 1 else \
-            await self.drafter.ask(DraftMany(items=tuple(d for _, d in wanted)))
-        for (i, _), drafted in zip(wanted, replies):
-            drafts[i] = drafted if drafted.tokens else None
-        return drafts
-
-    def draft_request(self, seq: Sequence, depth: int) -> Draft | None:
-        k = min(depth, seq.remaining - 1)
-        if k < 1 or not self.policy.eligible(seq):
-            return None
-        history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
-        return Draft(seq_id=seq.request_id, history=history, k=k)
 
     async def after_step(self, choice: StepChoice, wall: float, batch, tokens: int) -> None:
         self.budget.note_step(wall)

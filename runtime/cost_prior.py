@@ -15,6 +15,7 @@ from pathlib import Path
 
 from runtime.cost_table import CostTable, CostTableError, TableMeta, load_table, save_table
 from runtime.online_cost import OnlineCostModel
+from runtime.self_calibration import SELF_CALIBRATED
 
 
 def prior_tables(model: str, drafter: str, cache: str | None) -> list[tuple[Path, str]]:
@@ -44,8 +45,8 @@ def load_prior(model: str, drafter: str, cache: str | None, machine: str, log) -
 
 
 def save_learned(costs: OnlineCostModel, path: Path, *, machine: str, blas: str, energy_source: str, log) -> None:
-    """Write the corrected table for the next start (atomic; nothing when nothing was measured)."""
-    if not costs.observations:
+    """Write the corrected table for the next start (atomic; nothing when nothing new was measured)."""
+    if not costs.observations and costs.source != SELF_CALIBRATED:
         return
     meta = costs.prior.meta
     meta = TableMeta(model_id=meta.model_id, drafter=meta.drafter, machine=machine, dtype=meta.dtype, blas=blas,

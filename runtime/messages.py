@@ -258,6 +258,19 @@ class Rollback(_Msg, frozen=True):
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 
+class TimeCell(_Msg, frozen=True):
+    """Self-calibration: time one call of a cost cell's probe (kernels/cell_timer.py)."""
+
+    kind: str  # "verify" | "draft"
+    width: int
+    depth: int
+
+
+class CellTimed(_Msg, frozen=True):
+    ms: float
+    joules: float
+
+
 class Sample(_Msg, frozen=True):
     """One measurement: a counter increment or an observed value."""
 

@@ -46,6 +46,11 @@ class SpeculationPolicy:
         self.resume_guard, self.think_markers = resume_guard, think_markers
         self.last: StepChoice | None = None
 
+    def use_controller(self, controller: OnlineController) -> None:
+        """A cost table now exists (the self-calibration finished): the controller decides from here."""
+        self.controller = controller
+        self.gate = None
+
     @property
     def enabled(self) -> bool:
         return self.setting is not GateSetting.OFF

@@ -92,31 +92,52 @@ class System:
         self.streamer.admission = self.admission
 
     def _controller(self):
-        """The online controller, from the best cost prior at hand; None (said once) without one."""
+        """The online controller, from the best cost prior at hand; without one, a self-calibration
+        runs while the server is idle and starts it (the gate decides until then)."""
         spec = self.config.spec
         if spec.cost_model == "off" or self.info.drafter == "none":
             return None
         from runtime.calibrate import model_id, table_path
-        from runtime.controller import OnlineController
         from runtime.cost_prior import load_prior, save_learned
         from runtime.cost_table import machine_id
-        from runtime.exploration import ExplorationBudget
-        from runtime.online_cost import OnlineCostModel
 
         model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
+        learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
+        scheduler = self.scheduler
+        scheduler.persist = lambda: scheduler.policy.controller and save_learned(
+            scheduler.policy.controller.costs, learned, machine=machine, blas=self.info.blas,
+            energy_source=scheduler.meter.source, log=self.log)
+        scheduler.make_controller = self._make_controller
         found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log)
-        if found is None:
+        if found is not None:
+            return self._make_controller(*found)
+        if self.info.drafter in ("mtp", "ngram"):
+            scheduler.calibration = self._self_calibration(model, machine)
+            self.log.info("self_calibration_started", cells=scheduler.calibration.total)
+        else:
             self.log.warning("no_cost_table", model=model, drafter=self.info.drafter,
                              fallback_depth=spec.num_draft_tokens,
                              hint="run `metrale calibrate` to let the planner choose draft depths")
-            return None
-        costs = OnlineCostModel(*found)
-        learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
-        self.scheduler.persist = lambda: save_learned(costs, learned, machine=machine, blas=self.info.blas,
-                                                      energy_source=self.scheduler.meter.source, log=self.log)
-        return OnlineController(costs, max_k=spec.num_draft_tokens, slack=spec.cost_slack,
+        return None
+
+    def _make_controller(self, table, source: str):
+        from runtime.controller import OnlineController
+        from runtime.exploration import ExplorationBudget
+        from runtime.online_cost import OnlineCostModel
+
+        spec = self.config.spec
+        return OnlineController(OnlineCostModel(table, source), max_k=spec.num_draft_tokens, slack=spec.cost_slack,
                                 mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
                                 budget=ExplorationBudget(share=spec.exploration_share))
+
+    def _self_calibration(self, model: str, machine: str):
+        from runtime.cost_table import TableMeta
+        from runtime.self_calibration import SelfCalibration
+
+        meta = TableMeta(model_id=model, drafter=self.info.drafter, machine=machine, dtype=self.info.dtype,
+                         blas=self.info.blas, energy_source=self.scheduler.meter.source,
+                         watts_per_core=self.config.spec.watts_per_core, date="")
+        return SelfCalibration(meta, self.config.spec.num_draft_tokens)
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:

@@ -1,0 +1,82 @@
+"""The scheduler's speculative step: draft for every eligible sequence, keep the planner's share,
+verify all rows in one target forward, roll each back. Part of the scheduler actor (its own file to
+keep each under ~300 lines): it asks the drafter and the verifier, and hands the controller each
+step's draft and verify costs (wall ms, joules) and every sequence's outcome.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from runtime.messages import ActorFailure, Draft, Drafted, DraftMany, VerifyBatch, VerifyDrafts
+from runtime.sequence import Sequence
+from runtime.speculation import StepChoice
+
+
+class SpecStep:
+    async def spec_step(self, batch: list[Sequence], choice: StepChoice) -> None:
+        """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
+        started, energy = time.perf_counter(), self.meter.read()
+        try:
+            drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
+            if not any(drafts):  # nothing to propose: this step decodes plainly
+                return await self.plain_step(batch)
+            drafted_at, drafted_energy = time.perf_counter(), self.meter.read()
+            rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
+                                      use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
+            results = ((await self.verifier.ask(rows[0])),) if len(rows) == 1 else \
+                (await self.verifier.ask(VerifyBatch(rows=rows))).results
+        except ActorFailure as e:
+            for seq in batch:
+                await self.fail(seq, e)
+            return
+        wall = time.perf_counter() - started
+        tokens = sum(len(r.emitted) for r in results)
+        if (controller := self.policy.controller) is not None:
+            controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
+                                   verify_ms=(started + wall - drafted_at) * 1e3,
+                                   verify_j=self.meter.read().since(drafted_energy),
+                                   draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
+                                   draft_j=drafted_energy.since(energy), tokens=tokens)
+        for seq, row, result in zip(batch, rows, results):
+            if row.drafts:
+                seq.spec.note_verify(len(row.drafts), result.accepted, wall)
+                if controller is not None:
+                    controller.record_outcome(seq, len(row.drafts), result.accepted)
+            else:
+                seq.spec.plain_steps += 1
+                seq.spec.plain_seconds += wall
+            await self.emit(seq, list(result.emitted))
+        self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
+        await self.after_step(choice, wall, batch, tokens)
+
+    def allot(self, batch, drafts: list[Drafted | None]) -> list[Drafted | None]:
+        """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
+        counts = [len(d.tokens) if d else 0 for d in drafts]
+        keep = self.policy.allot(batch, [d.confidences if d else () for d in drafts], counts)
+        return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
+                for d, n in zip(drafts, keep)]
+
+    async def draft_all(self, batch: list[Sequence], depths: tuple[int, ...]) -> list[Drafted | None]:
+        """Drafts for every sequence of the step (one ask for the batch); None where one does not
+        speculate this step."""
+        wanted = [(i, self.draft_request(seq, depth)) for i, (seq, depth) in enumerate(zip(batch, depths))]
+        wanted = [(i, d) for i, d in wanted if d is not None]
+        drafts: list[Drafted | None] = [None] * len(batch)
+        if not wanted:
+            return drafts
+        replies = (await self.drafter.ask(wanted[0][1]),) if len(wanted) == 1 else \
+            await self.drafter.ask(DraftMany(items=tuple(d for _, d in wanted)))
+        for (i, _), drafted in zip(wanted, replies):
+            drafts[i] = drafted if drafted.tokens else None
+        return drafts
+
+    def draft_request(self, seq: Sequence, depth: int) -> Draft | None:
+        k = min(depth, seq.remaining - 1)
+        if k < 1 or not self.policy.eligible(seq):
+            return None
+        history = seq.prompt_ids + tuple(seq.output_ids) if self.policy.drafter == "ngram" else ()
+        return Draft(seq_id=seq.request_id, history=history, k=k)
+
