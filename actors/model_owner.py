@@ -134,7 +134,7 @@ class ModelOwner(Actor):
             from runtime.energy import open_meter
 
             self.timer = CellTimer(self.engine, self.info.drafter, self.spec.num_draft_tokens,
-                                   open_meter(self.spec.watts_per_core))
+                                   open_meter(self.spec.watts_per_core), self.info.vocab_size)
         ms, joules = self.timer.time(msg.kind, msg.width, msg.depth)
         return CellTimed(ms=ms, joules=joules)
 

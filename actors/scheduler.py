@@ -1,7 +1,8 @@
 """Scheduler: owns sequences and forms each step from the scheduler mode.
 
-Receives Admitted and Cancel. Sends Prefill / Decode / Release to the model owner, Draft to the
-drafter and VerifyDrafts to the verifier (the speculative step), TokensEmitted and one terminal event
+Receives Admitted, Cancel, Describe (ask: its state) and FailInFlight (fail every request held).
+Sends Prefill / Decode / Release / TimeCell to the model owner, Draft to the drafter and
+VerifyDrafts to the verifier (the speculative step), TokensEmitted and one terminal event
 (Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
 """
 
@@ -17,9 +18,10 @@ from actors.scheduler_spec import SpecStep
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Failed, Finished, Prefill,
+    ActorFailure, Admitted, Cancel, Cancelled, Decode, Describe, Failed, FailInFlight, Finished, Prefill,
     PrefillChunk, Prefilled, Release, Sample, TimeCell, TokensEmitted,
 )
+from runtime.controller import Learning
 from runtime.self_calibration import SELF_CALIBRATED
 from runtime.modes import SchedulerMode
 from runtime.prefill_budget import PrefillBudget
@@ -38,7 +40,7 @@ class Scheduler(SpecStep, Actor):
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
                  codec: TextCodec, policy: SpeculationPolicy | None = None,
                  drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0,
-                 budget: PrefillBudget | None = None):
+                 budget: PrefillBudget | None = None, learning: Learning | None = None):
         super().__init__(inbox_size=1024)
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
@@ -51,10 +53,9 @@ class Scheduler(SpecStep, Actor):
         self.prefill_seconds = 0.0  # its chunks so far
         self.budget = budget or PrefillBudget()
         self.meter = open_meter(watts_per_core)  # each step's joules, for the online cost model
-        self.persist = None  # saves the learned cost table (set by the system), called now and then
+        self.learning = learning  # saving the learned table, and the self-calibration while none exists
+        self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
-        self.calibration = None  # a SelfCalibration while the server has no cost table (runs when idle)
-        self.make_controller = None  # (table, source) -> OnlineController, for the calibrated table
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -74,13 +75,19 @@ class Scheduler(SpecStep, Actor):
                 await self.dispatch(*item)
             await self.step()
 
-    async def handle(self, msg: Admitted | Cancel) -> None:
+    async def handle(self, msg: Admitted | Cancel | Describe | FailInFlight) -> dict | None:
         match msg:
             case Admitted():
                 text = IncrementalText(self.codec, msg.params.stop)
                 self.waiting.append(Sequence(msg.request_id, msg.prompt_ids, msg.params, text, msg.submitted_at))
             case Cancel():
                 await self.cancel(msg.request_id, msg.reason)
+            case Describe():
+                return self.describe()
+            case FailInFlight():
+                failure = ActorFailure("system", msg.error, msg.status)
+                for seq in [*self.waiting, *self.active.values()]:
+                    await self.fail(seq, failure)
             case _:
                 assert_never(msg)
 
@@ -114,10 +121,15 @@ class Scheduler(SpecStep, Actor):
         cal.record(cell, timed.ms, timed.joules)
         if cal.done:
             self.calibration = None
-            self.policy.use_controller(self.make_controller(cal.table(), SELF_CALIBRATED))
+            self.policy.use_controller(self.learning.make_controller(cal.table(), SELF_CALIBRATED))
             self.log.info("self_calibrated", cells=cal.total, plain_ms=round(cal.table().verify_cost(1, 0).ms, 2))
-            if self.persist is not None:
-                self.persist()
+            self.persist()
+
+    def persist(self) -> None:
+        """Save what the controller learned (the system says where)."""
+        self.persisted_at = time.monotonic()
+        if self.learning is not None and self.policy.controller is not None:
+            self.learning.save(self.policy.controller.costs)
 
     def describe(self) -> dict:
         return {"self_calibration": self.calibration.snapshot() if self.calibration else None,
@@ -230,8 +242,7 @@ class Scheduler(SpecStep, Actor):
         controller.step_passed(batch)
         for phase, speculates in controller.take_switches():
             self.log.info("phase_decision_switched", phase=phase.value, speculates=speculates, width=len(batch))
-        if self.persist is not None and time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
-            self.persisted_at = time.monotonic()
+        if time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
             self.persist()
 
     async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
@@ -287,5 +298,4 @@ class Scheduler(SpecStep, Actor):
     async def teardown(self) -> None:
         for seq in [*self.waiting, *self.active.values()]:
             await self.cancel(seq.request_id, "shutdown")
-        if self.persist is not None:
-            self.persist()
+        self.persist()

@@ -1,7 +1,7 @@
 """Streamer: routes each request's events to the client connection that waits for them.
 
-Receives Subscribe (the client's event queue for a request), Unsubscribe, TokensEmitted and the
-terminal events. Sends Ended to admission once per request and Samples to telemetry. A request
+Receives Subscribe (the client's event queue for a request), Unsubscribe, TokensEmitted, the
+terminal events, and FailOpen (a failure elsewhere: every open request fails). Sends Ended to admission once per request and Samples to telemetry. A request
 ends with exactly one terminal event; a second one is dropped and logged.
 """
 
@@ -12,7 +12,7 @@ from typing import assert_never
 
 from runtime.actor import Actor
 from runtime.messages import (
-    Cancelled, Ended, Failed, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
+    Cancelled, Ended, Failed, FailOpen, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
 )
 
 
@@ -36,6 +36,9 @@ class Streamer(Actor):
                     queue.put_nowait(msg)
             case Finished() | Cancelled() | Failed():
                 await self.terminal(msg)
+            case FailOpen():
+                for request_id in list(self.subscribers):
+                    await self.terminal(Failed(request_id=request_id, error=msg.error, status=msg.status))
             case _:
                 assert_never(msg)
 

@@ -11,12 +11,13 @@ import time
 
 from kernels.calibrate import MtpDraftProbe, VerifyProbe, ngram_draft
 
-CONTEXT = tuple(range(1000, 1128))  # cost depends on shapes: any 128 ids make a realistic context
+CONTEXT_TOKENS = 128  # cost depends on shapes: any ids in the vocabulary make a realistic context
 
 
 class CellTimer:
-    def __init__(self, engine, drafter_kind: str, max_k: int, meter):
+    def __init__(self, engine, drafter_kind: str, max_k: int, meter, vocab_size: int):
         self.engine, self.drafter_kind, self.max_k, self.meter = engine, drafter_kind, max_k, meter
+        self.context = tuple((1000 + i) % vocab_size for i in range(CONTEXT_TOKENS))
         self._probes: dict[tuple[str, int], object] = {}
 
     def time(self, kind: str, width: int, depth: int) -> tuple[float, float]:
@@ -36,11 +37,11 @@ class CellTimer:
     def _build(self, kind: str, width: int):
         model = self.engine.model
         if kind == "verify":
-            return VerifyProbe(model, width, CONTEXT, self.max_k)
+            return VerifyProbe(model, width, self.context, self.max_k)
         if self.drafter_kind == "ngram":
-            return ngram_draft(CONTEXT * 16, width)
+            return ngram_draft(self.context * 16, width)
         if self.drafter_kind == "mtp":
-            return MtpDraftProbe(self.engine.drafter.head, model, width, CONTEXT)
+            return MtpDraftProbe(self.engine.drafter.head, model, width, self.context)
         raise ValueError(f"no draft probe for drafter {self.drafter_kind!r}")
 
     def close(self) -> None:

@@ -18,12 +18,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance
 from runtime.content_phase import Phase, PhaseTracker
 from runtime.exploration import ExplorationBudget
 from runtime.online_cost import OnlineCostModel
 from runtime.plan import expected_tokens, propose_depth
+
+@dataclass
+class Learning:
+    """What the scheduler needs to keep learning: save the learned table, build a controller from
+    a self-calibrated table, and the self-calibration to run (None when a table was found)."""
+
+    save: Callable[[OnlineCostModel], None]
+    make_controller: Callable[[object, str], OnlineController]
+    calibration: object | None = None  # a runtime.self_calibration.SelfCalibration
+
 
 CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
 

@@ -258,6 +258,24 @@ class Rollback(_Msg, frozen=True):
 
 # --- every actor -> telemetry -------------------------------------------------------------------
 
+class Describe(_Msg, frozen=True):
+    """Ask an actor for a plain-data account of its state (for /health)."""
+
+
+class FailInFlight(_Msg, frozen=True):
+    """Another actor stopped: fail every request you hold with this error (scheduler)."""
+
+    error: str
+    status: int = 503
+
+
+class FailOpen(_Msg, frozen=True):
+    """Fail every request whose stream is still open (streamer; after FailInFlight)."""
+
+    error: str
+    status: int = 503
+
+
 class TimeCell(_Msg, frozen=True):
     """Self-calibration: time one call of a cost cell's probe (kernels/cell_timer.py)."""
 

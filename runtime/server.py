@@ -56,7 +56,7 @@ async def health(request: web.Request) -> web.Response:
         "context_length": info.context_length, "blas": info.blas,
         "mode": system.config.scheduler.mode,
         "uptime_s": round(time.monotonic() - system.started_at, 3),
-        "scheduler": system.scheduler.describe(),
+        "scheduler": await system.describe_scheduler(),
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")

@@ -22,7 +22,9 @@ from actors.verifier import Verifier
 from runtime.actor import Actor
 from runtime.config import Config, ConfigError, with_environment
 from runtime.eligibility import ThinkMarkers
-from runtime.messages import ActorFailure, ModelInfo
+from runtime.controller import Learning
+from runtime.energy import open_meter
+from runtime.messages import ActorFailure, Describe, FailInFlight, FailOpen, ModelInfo
 from runtime.modes import make_mode
 from runtime.prefill_budget import PrefillBudget
 from runtime.speculation import SpeculationPolicy
@@ -40,12 +42,8 @@ class System:
         self.telemetry = Telemetry()
         self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec,
                                          batched=config.scheduler.mode == "mtp_batch")
-        sched = config.scheduler
         self.streamer = Streamer(None, self.telemetry)
-        self.scheduler = Scheduler(make_mode(config.scheduler), self.owner, self.streamer,
-                                   self.telemetry, self.codec, watts_per_core=config.spec.watts_per_core,
-                                   budget=PrefillBudget(sched.prefill_steps_per_chunk, sched.prefill_floor,
-                                                        sched.prefill_ceiling))
+        self.scheduler: Scheduler | None = None  # built once the model is loaded (it needs the drafter)
         self.admission: Admission | None = None
         self.drafter: Drafter | None = None
         self.verifier: Verifier | None = None
@@ -80,45 +78,48 @@ class System:
         self.verifier = Verifier(self.owner, self.telemetry)
         markers = ThinkMarkers(start=self.codec.think_ids[0], end=self.codec.think_ids[1]) \
             if self.codec.think_ids else ThinkMarkers()
-        self.scheduler.policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate,
-                                                  controller=self._controller(), think_markers=markers,
-                                                  pin_tokens=spec.entry_pin_tokens,
-                                                  spec_think=bool(spec.spec_think),
-                                                  mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
-                                                  gate_config=self.config.gate)
-        self.scheduler.drafter, self.scheduler.verifier = self.drafter, self.verifier
+        sched = self.config.scheduler
+        controller, learning = self._controller()
+        policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate, controller=controller,
+                                   think_markers=markers, pin_tokens=spec.entry_pin_tokens,
+                                   spec_think=bool(spec.spec_think), mtp_max_seqs=sched.mtp_max_seqs,
+                                   gate_config=self.config.gate)
+        budget = PrefillBudget(sched.prefill_steps_per_chunk, sched.prefill_floor, sched.prefill_ceiling)
+        self.scheduler = Scheduler(make_mode(sched), self.owner, self.streamer, self.telemetry, self.codec, policy,
+                                   self.drafter, self.verifier, watts_per_core=spec.watts_per_core, budget=budget,
+                                   learning=learning)
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
         self.streamer.admission = self.admission
 
     def _controller(self):
-        """The online controller, from the best cost prior at hand; without one, a self-calibration
-        runs while the server is idle and starts it (the gate decides until then)."""
+        """The online controller from the best cost prior at hand, and what keeps it learning; without
+        a prior, a self-calibration runs while the server is idle and starts it (the gate decides
+        until then)."""
         spec = self.config.spec
         if spec.cost_model == "off" or self.info.drafter == "none":
-            return None
+            return None, None
         from runtime.calibrate import model_id, table_path
         from runtime.cost_prior import load_prior, save_learned
         from runtime.cost_table import machine_id
 
         model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
         learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
-        scheduler = self.scheduler
-        scheduler.persist = lambda: scheduler.policy.controller and save_learned(
-            scheduler.policy.controller.costs, learned, machine=machine, blas=self.info.blas,
-            energy_source=scheduler.meter.source, log=self.log)
-        scheduler.make_controller = self._make_controller
+        energy_source = open_meter(spec.watts_per_core).source
+        learning = Learning(save=lambda costs: save_learned(costs, learned, machine=machine, blas=self.info.blas,
+                                                            energy_source=energy_source, log=self.log),
+                            make_controller=self._make_controller)
         found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log)
         if found is not None:
-            return self._make_controller(*found)
+            return self._make_controller(*found), learning
         if self.info.drafter in ("mtp", "ngram"):
-            scheduler.calibration = self._self_calibration(model, machine)
-            self.log.info("self_calibration_started", cells=scheduler.calibration.total)
+            learning.calibration = self._self_calibration(model, machine, energy_source)
+            self.log.info("self_calibration_started", cells=learning.calibration.total)
         else:
             self.log.warning("no_cost_table", model=model, drafter=self.info.drafter,
                              fallback_depth=spec.num_draft_tokens,
                              hint="run `metrale calibrate` to let the planner choose draft depths")
-        return None
+        return None, learning
 
     def _make_controller(self, table, source: str):
         from runtime.controller import OnlineController
@@ -130,12 +131,12 @@ class System:
                                 mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
                                 budget=ExplorationBudget(share=spec.exploration_share))
 
-    def _self_calibration(self, model: str, machine: str):
+    def _self_calibration(self, model: str, machine: str, energy_source: str):
         from runtime.cost_table import TableMeta
         from runtime.self_calibration import SelfCalibration
 
         meta = TableMeta(model_id=model, drafter=self.info.drafter, machine=machine, dtype=self.info.dtype,
-                         blas=self.info.blas, energy_source=self.scheduler.meter.source,
+                         blas=self.info.blas, energy_source=energy_source,
                          watts_per_core=self.config.spec.watts_per_core, date="")
         return SelfCalibration(meta, self.config.spec.num_draft_tokens)
 
@@ -150,9 +151,22 @@ class System:
             asyncio.get_running_loop().create_task(self._fail_in_flight())
 
     async def _fail_in_flight(self) -> None:
-        failure = ActorFailure("system", self.failure or "actor failure", 503)
-        for seq in [*self.scheduler.waiting, *self.scheduler.active.values()]:
-            await self.scheduler.fail(seq, failure)
+        """Each actor fails what it holds: the scheduler its sequences, then the streamer any request
+        still open (admitted but not yet scheduled, or the scheduler itself is gone)."""
+        error, status = self.failure or "actor failure", 503
+        try:
+            await asyncio.wait_for(self.scheduler.ask(FailInFlight(error=error, status=status)), 10)
+        except (ActorFailure, asyncio.TimeoutError):
+            pass  # the scheduler is the actor that stopped
+        if not self.streamer.closing:
+            await self.streamer.tell(FailOpen(error=error, status=status))
+
+    async def describe_scheduler(self) -> dict | None:
+        """The scheduler's own account of its state (an ask: nothing outside it reads its containers)."""
+        try:
+            return await asyncio.wait_for(self.scheduler.ask(Describe()), 10)
+        except (ActorFailure, asyncio.TimeoutError):
+            return None
 
     _stopping = False
 

@@ -115,15 +115,15 @@ async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps:
 
     if name == "batchgen":
         return batchgen.run(ids, max_tokens)
-    before = Counter(_steps_by_kind(server))
+    before = Counter(await _steps_by_kind(server))
     timing = await stream_clients(server.url, prompts, max_tokens, disable_mtp=name != "mtp_batch_on")
     if name == "mtp_batch_on":
-        spec_steps.update(Counter(_steps_by_kind(server)) - before)
+        spec_steps.update(Counter(await _steps_by_kind(server)) - before)
     return timing
 
 
-def _steps_by_kind(server) -> dict[str, int]:
-    return server.system.scheduler.describe()["mtp_batch"]["steps_by_kind"]
+async def _steps_by_kind(server) -> dict[str, int]:
+    return (await server.system.describe_scheduler())["mtp_batch"]["steps_by_kind"]
 
 
 def round_ratios(runs, baseline) -> list[float]:

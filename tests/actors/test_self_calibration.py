@@ -3,7 +3,7 @@
 import asyncio
 
 from actors.scheduler import Scheduler
-from runtime.controller import OnlineController
+from runtime.controller import Learning, OnlineController
 from runtime.cost_table import TableMeta
 from runtime.messages import Admitted, CellTimed, Finished, SamplingParams, TimeCell
 from runtime.modes import SerialMode
@@ -31,10 +31,11 @@ class TimingOwner(ScriptedOwner):
 async def test_the_calibration_runs_when_idle_and_starts_the_controller():
     owner, streamer, telemetry = TimingOwner(), Collector(), Sink()
     policy = SpeculationPolicy("ngram", 2, "auto")
-    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy)
-    scheduler.calibration = SelfCalibration(META, max_k=2)
-    scheduler.make_controller = lambda table, source: OnlineController(
-        OnlineCostModel(table, source), max_k=2, slack=0.1, mtp_max_seqs=32)
+    saved = []
+    learning = Learning(save=saved.append, calibration=SelfCalibration(META, max_k=2),
+                        make_controller=lambda table, source: OnlineController(
+                            OnlineCostModel(table, source), max_k=2, slack=0.1, mtp_max_seqs=32))
+    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, learning=learning)
     actors = [owner, streamer, telemetry, scheduler]
     for actor in actors:
         actor.start()
@@ -54,6 +55,7 @@ async def test_the_calibration_runs_when_idle_and_starts_the_controller():
     table = policy.controller.costs.prior
     assert table.widths == (1, 2, 4) and table.verify_cost(4, 2).ms == 140.0
     assert owner.commands.count("TimeCell") == scheduler_cells(2)
+    assert saved and saved[0] is policy.controller.costs  # the calibrated table is saved at once
     for actor in reversed(actors):
         await actor.close()
 
