@@ -39,6 +39,32 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One verify step of a recorded request: the verified drafts' confidences (top-1
+    log-probabilities; empty for n-gram drafts, or where the scheduler passes none) and counts."""
+
+    confidences: tuple[float, ...]
+    drafted: int
+    accepted: int
+
+
+# Step recorders asked for by request id, before submitting, by code in this process (benchmarks,
+# calibration); each goes to its Sequence when the scheduler creates it. Served requests never
+# have one: recording is off unless asked for, and then costs one append per verify step.
+_RECORDERS: dict[str, list[StepRecord]] = {}
+
+
+def record_steps(request_id: str) -> list[StepRecord]:
+    """A list that will receive one StepRecord per verify step of this request."""
+    return _RECORDERS.setdefault(request_id, [])
+
+
+def forget_steps(request_id: str) -> None:
+    """Drop a recorder that no Sequence took (the request was never admitted)."""
+    _RECORDERS.pop(request_id, None)
+
+
 @dataclass
 class SpecCounters:
     """Mutable tallies behind the SpecReceipt a request ends with."""
@@ -49,9 +75,13 @@ class SpecCounters:
     plain_steps: int = 0
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
+    records: list[StepRecord] | None = None  # per verify step, only where asked (record_steps)
 
-    def note_verify(self, drafted: int, accepted: int, seconds: float) -> None:
+    def note_verify(self, drafted: int, accepted: int, seconds: float,
+                    confidences: tuple[float, ...] = ()) -> None:
         """One verify step: positions 1..drafted were drafted, 1..accepted accepted."""
+        if self.records is not None:
+            self.records.append(StepRecord(tuple(confidences[:drafted]), drafted, accepted))
         width = max(drafted, len(self.drafted))
         self.drafted.extend([0] * (width - len(self.drafted)))
         self.accepted.extend([0] * (width - len(self.accepted)))
@@ -83,6 +113,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     first_token_at: float | None = None
     think: ThinkProgress = field(default_factory=ThinkProgress)
+
+    def __post_init__(self) -> None:
+        if _RECORDERS:  # empty unless something in this process asked to record steps
+            self.spec.records = _RECORDERS.pop(self.request_id, None)
 
     def move(self, to: Status) -> None:
         if to not in TRANSITIONS[self.status]:
