@@ -1,15 +1,25 @@
 """metrale bench spec: plain decode vs each drafter at K = 1..8, default model, width 1, greedy.
 
-Two prompt sets (code-like and free chat). For each prompt, plain decode and every drafter/K run back
-to back (order rotated per prompt) so machine drift hits all alike; each speculative run must
-produce exactly plain decode's tokens. Prints tok/s, speedup over plain and acceptance by position.
-Last line: best_speedup_code=R best_speedup_chat=R (best drafter and K over plain).
+Through the served actor system in this process (runtime/bench/_inprocess.py): each (drafter, K) is
+a System configured as `metrale serve --drafter D --num-draft-tokens K --mtp-gate force
+--spec-cost-model off` (serial mode), and plain decode is a request with disable_mtp on the same
+systems. Against a kernel loop each step pays a few queue hops and one owner hand-off (~0.1 ms of
+a ~60-90 ms step). One drafter at a time: its systems (one per K, ~0.7 GB each) run side by side,
+and on each prompt plain decode and every K run back to back, in an order rotated per prompt, so
+machine drift hits all alike; each speculative run must produce exactly plain decode's tokens.
+Two prompt sets (code-like and free chat). Prints tok/s, speedup over the plain runs beside it
+(pooled over the prompts, and the median of per-prompt speedups) and acceptance by position.
+Last line: best_speedup_code=R best_speedup_chat=R (the best drafter and K, pooled)
+median_speedup_code=R median_speedup_chat=R (that same cell's median over prompts: one lucky
+prompt cannot carry it).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import statistics
 from pathlib import Path
 
 from runtime.bench.common import table
@@ -22,6 +32,7 @@ FALLBACK = {
     "chat": ["What are three tips for sleeping better?", "Describe a sunny day at the beach.",
              "Why do leaves change colour in autumn?"],
 }
+PLAIN = ("plain", 0)
 
 
 def prompt_set(name: str, count: int) -> list[str]:
@@ -35,76 +46,104 @@ def prompt_set(name: str, count: int) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="metrale bench spec", description=__doc__)
+    parser = argparse.ArgumentParser(prog="metrale bench spec", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=3, help="prompts per set")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--drafters", default="ngram,mtp", help="mtp runs only where a head is found")
     args = parser.parse_args(argv)
-    return run(args.prompts, args.max_tokens, [int(k) for k in args.ks.split(",")], args.drafters.split(","))
+    ks = [int(k) for k in args.ks.split(",")]
+    return asyncio.run(run(args.prompts, args.max_tokens, ks, args.drafters.split(",")))
 
 
-def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -> int:
+async def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -> int:
     from kernels.default_model import ensure_default_model
-    from kernels.engine import Engine
-    from kernels.heads import build_drafter, find_mtp_head
-    from kernels.loader import load
-    from runtime.text import TextCodec
+    from kernels.heads import find_mtp_head
 
     model_dir = ensure_default_model()
-    model, codec = load(model_dir).model, TextCodec(model_dir)
-    engines = {"plain": Engine(model), "ngram": Engine(model)}
-    if "mtp" in drafters and find_mtp_head(model_dir) is not None:
-        engines["mtp"] = Engine(model, drafter=build_drafter("mtp", model, model_dir, None, None)[1])
-    configs = [("plain", 0)] + [(d, k) for d in drafters if d in engines for k in ks]
-    best = {}
-    for set_name in ("code", "chat"):
-        totals = sweep(engines, configs, prompt_set(set_name, count), max_tokens, codec, set_name)
-        best[set_name] = _report(set_name, totals)
-    print(f"best_speedup_code={best['code']:.3f} best_speedup_chat={best['chat']:.3f}")
+    drafters = [d for d in drafters if d != "mtp" or find_mtp_head(model_dir) is not None]
+    sets = {name: prompt_set(name, count) for name in ("code", "chat")}
+    phases = {d: await phase(model_dir, d, ks, sets, max_tokens) for d in drafters}
+    best = {name: _report(name, {d: runs[name] for d, runs in phases.items()}) for name in sets}
+    print(f"best_speedup_code={best['code'][0]:.3f} best_speedup_chat={best['chat'][0]:.3f} "
+          f"median_speedup_code={best['code'][1]:.3f} median_speedup_chat={best['chat'][1]:.3f}")
     return 0
 
 
-def sweep(engines: dict, configs: list[tuple[str, int]], texts: list[str], max_tokens: int, codec,
-          set_name: str) -> dict:
-    """Per (drafter, K): [tokens, seconds, drafted by position, accepted by position], summed over
-    the prompts. Every config runs on every prompt back to back, in an order rotated per prompt,
-    and each speculative run must reproduce plain decode's tokens exactly."""
-    from kernels.spec_bench import generate
+async def phase(model_dir, drafter: str, ks: list[int], sets: dict[str, list], max_tokens: int,
+                mtp_head: str | None = None) -> dict[str, dict]:
+    """One drafter's systems (one per K), started together; every set swept through them.
+    Per set: (drafter, K) -> one Result per prompt, PLAIN included."""
+    from runtime.bench._inprocess import fixed_depth, served_all
+    from runtime.config import load_config
 
-    depth = max(k for _, k in configs) or 1
-    totals = {c: [0, 0.0, [0] * depth, [0] * depth] for c in configs}
-    for i, text in enumerate(texts):
-        ids = codec.encode(codec.chat_text(_chat(text)))
-        generate(engines["plain"], ids, 4, "plain", 0, codec.eos_ids)  # warm-up
-        order = configs[i % len(configs):] + configs[:i % len(configs)]
-        results = {c: generate(engines[c[0]], ids, max_tokens, c[0], c[1], codec.eos_ids) for c in order}
-        reference = results[("plain", 0)].tokens
-        for config, result in results.items():
-            if result.tokens != reference:
-                raise AssertionError(f"{config} changed greedy output on {set_name} prompt {i}")
-            t = totals[config]
-            t[0], t[1] = t[0] + len(result.tokens), t[1] + result.seconds
-            for p, (d, a) in enumerate(zip(result.drafted, result.accepted)):
-                t[2][p], t[3][p] = t[2][p] + d, t[3][p] + a
-    return totals
+    configs = {(drafter, k): fixed_depth(load_config(), drafter, k, mtp_head) for k in ks}
+    async with served_all(configs, model_dir) as clients:
+        clients = {PLAIN: clients[(drafter, ks[0])], **clients}
+        first = next(iter(sets.values()))[:1]
+        await sweep(clients, first, 8, "warm-up")  # untimed: each system builds its paths once
+        return {name: await sweep(clients, texts, max_tokens, name) for name, texts in sets.items()}
 
 
-def _report(set_name: str, totals: dict) -> float:
-    plain_rate = totals[("plain", 0)][0] / totals[("plain", 0)][1]
-    rows, best = [], 0.0
-    for (drafter, k), (tokens, seconds, drafted, accepted) in totals.items():
-        rate = tokens / seconds
-        acceptance = " ".join(f"{a / d:.2f}" for d, a in zip(drafted[:k], accepted[:k]) if d) or "-"
-        rows.append([set_name, drafter, k, tokens, rate, rate / plain_rate, acceptance])
-        if drafter != "plain":
-            best = max(best, rate / plain_rate)
-    print(table(["set", "drafter", "K", "tokens", "tok_s", "speedup", "acceptance_by_position"], rows))
+async def sweep(clients: dict, prompts: list, max_tokens: int, set_name: str) -> dict[tuple, list]:
+    """Every configuration on every prompt, back to back in an order rotated per prompt; PLAIN
+    runs with disable_mtp. Each speculative run must reproduce plain decode's tokens exactly."""
+    from runtime.bench._inprocess import plain
+    from runtime.messages import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    configs = list(clients)
+    runs: dict[tuple, list] = {c: [] for c in configs}
+    for i, prompt in enumerate(prompts):
+        shift = i % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            params = plain(greedy) if config == PLAIN else greedy
+            runs[config].append(await clients[config].generate(prompt, params))
+        reference = runs[PLAIN][-1].tokens
+        changed = [c for c in configs if runs[c][-1].tokens != reference]
+        if changed:
+            raise AssertionError(f"{changed} changed greedy output on {set_name} prompt {i}")
+    return runs
+
+
+def pooled(results: list) -> tuple[int, float]:
+    """Tokens and seconds over a cell's prompts."""
+    return sum(len(r.tokens) for r in results), sum(r.seconds for r in results)
+
+
+def speedups(results: list, plain_results: list) -> tuple[float, float]:
+    """(pooled tok/s over plain's, median over prompts of the per-prompt ratio)."""
+    tokens, seconds = pooled(results)
+    plain_tokens, plain_seconds = pooled(plain_results)
+    per_prompt = [(len(r.tokens) / r.seconds) / (len(p.tokens) / p.seconds) for r, p in zip(results, plain_results)]
+    return (tokens / seconds) / (plain_tokens / plain_seconds), statistics.median(per_prompt)
+
+
+def by_position(results: list, k: int) -> tuple[list[int], list[int]]:
+    """Drafted and accepted tokens by draft position, summed over the prompts' receipts."""
+    drafted, accepted = [0] * k, [0] * k
+    for r in results:
+        for p, (d, a) in enumerate(zip(r.receipt.drafted_by_position, r.receipt.accepted_by_position)):
+            drafted[p], accepted[p] = drafted[p] + d, accepted[p] + a
+    return drafted, accepted
+
+
+def _report(set_name: str, phases: dict[str, dict]) -> tuple[float, float]:
+    """Prints the set's table; returns the best cell's (pooled, median) speedup."""
+    rows, best = [], (0.0, 0.0)
+    for drafter, runs in phases.items():
+        plain_runs = runs[PLAIN]
+        for (kind, k), results in runs.items():
+            tokens, seconds = pooled(results)
+            pooled_x, median_x = speedups(results, plain_runs)
+            drafted, accepted = by_position(results, k)
+            acceptance = " ".join(f"{a / d:.2f}" for d, a in zip(drafted, accepted) if d) or "-"
+            name = f"plain/{drafter}" if kind == "plain" else kind
+            rows.append([set_name, name, k, tokens, tokens / seconds, pooled_x, median_x, acceptance])
+            if kind != "plain" and pooled_x > best[0]:
+                best = (pooled_x, median_x)
+    print(table(["set", "drafter", "K", "tokens", "tok_s", "speedup", "median_speedup", "acceptance_by_position"],
+                rows))
     print()
     return best
-
-
-def _chat(text: str):
-    from runtime.messages import ChatMessage
-
-    return (ChatMessage(role="user", content=text),)
