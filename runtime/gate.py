@@ -37,6 +37,17 @@ Policy:
   marks both estimates stale. A stale estimate is replaced, not blended, by its next window:
   tok/s at another width or depth is a different quantity.
 - Steps run under a pin, and steps that are not the one `next_step()` asked for, are not recorded.
+
+Where the served path departs from the spec: this gate decides only without a cost table
+(`--spec-cost-model off`, or the seconds before a self-calibration ends). With one, the online
+controller (runtime/controller.py) decides every step from measured costs and each request's own
+acceptance, and its exploration replaces the gate's fixed probes and the entry pin. Why: served on
+a machine whose CPU differed from the table's, the gate sat in plain decode while the pin and probes
+made 15% of all steps speculative, each a loss on chat (0.935x); windows of whole-batch tok/s cannot
+tell one request that pays from another that does not, and in mtp_batch one entering sequence
+pinned the whole batch without being measured. The controller explores only where the upper bound
+of a request's acceptance says a draft might pay, from an allowance of 1% of plain decode time. The
+gate's own invariants (above) hold whenever it runs, and keep their property tests.
 """
 
 from __future__ import annotations
