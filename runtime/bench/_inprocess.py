@@ -28,7 +28,9 @@ import msgspec
 
 from runtime.config import Config, override
 from runtime.gateway import new_request_id, open_request
-from runtime.messages import Admitted, ChatMessage, Finished, SamplingParams, SpecReceipt, Submit, TokensEmitted, Usage
+from runtime.messages import (
+    Admitted, ChatMessage, Finished, SamplingParams, SpecReceipt, Submit, TokensEmitted, Usage,
+)
 from runtime.sequence import StepRecord, forget_steps, record_steps
 
 Prompt = str | Sequence[int]  # a chat question (one user message), or prompt token ids
@@ -163,7 +165,8 @@ class _Tokenized:
     async def ask(self, submit: Submit) -> Admitted:
         ids, params, room = self.prompt_ids, submit.params, self.system.info.context_length
         if not ids or len(ids) + params.max_tokens > room:
-            raise ValueError(f"{len(ids)} prompt tokens + max_tokens {params.max_tokens} do not fit the context ({room})")
+            raise ValueError(f"{len(ids)} prompt tokens + max_tokens {params.max_tokens} do not fit "
+                             f"the context ({room})")
         admitted = Admitted(request_id=submit.request_id, prompt_ids=ids, params=params,
                             submitted_at=submit.submitted_at)
         await self.scheduler.tell(admitted)
