@@ -1,28 +1,37 @@
 """metrale bench planner: the measured planner's depth against the best fixed depth, same run.
 
 On the default model, greedy, on held-out prompts (calibration uses each set's first prompts; this
-bench starts at --offset), at each --widths n (1 steps the serial engine; wider groups step one
-batch, as mtp_batch does), every fixed K in 0..max_k and the planner decode the same prompts in
-lockstep (kernels/planner_bench.py), so they share the machine's load step by step. The planner
-runs as it serves: propose_depth on the calibrated table and prior (slack --slack, cap
---mtp-max-seqs) picks K, then sequence_depths picks how many of each sequence's drafts to verify.
-The oracle is the fixed K with the best measured tokens per joule; the planner's K passes when its
-tokens per joule is within 5% of the oracle's and its tok/s within the slack of the oracle's. The
-planner as served (its K plus sequence_depths, which may verify fewer drafts) is run beside them
-whenever it drafts, and reported.
+bench starts at --offset), through the served actor system in this process
+(runtime/bench/_inprocess.py): at each --widths n, n requests at once (1: serial mode; more: one
+mtp_batch batch of n), every fixed K in 0..max_k (a System as `metrale serve --num-draft-tokens K
+--mtp-gate force --spec-cost-model off`; K=0 is plain decode, disable_mtp) and the planner as
+served (`--spec-cost-model measured` on the bench's table; requests ask for objective "energy")
+decode the same prompt groups back to back, in an order rotated per group. Each configuration is
+its own System (~0.7 GB each), all of a width running side by side. A run is measured from the
+moment every request of the group has its first token (prefill is the same for every depth) to the
+last one's end; each step pays a few queue hops and one owner hand-off (~0.1 ms of a ~60-90 ms
+step). The planner's K is what propose_depth picks on the calibrated table and prior (slack
+--slack, cap --mtp-max-seqs): where the served planner starts from. The oracle is the fixed K with the best
+measured tokens per joule; the planner's K passes when its tokens per joule is within 5% of the
+oracle's and its tok/s within the slack of the oracle's. The planner as served (its depth per step
+and how many of each sequence's drafts it verifies) is run beside them and reported.
 Joules come from runtime/energy.py (the CPU-seconds proxy where no counter exists; printed).
-Last line: worst_tpj_ratio_vs_oracle=R (planner / oracle, worst over prompt sets and widths).
+Last line: worst_tpj_ratio_vs_oracle=R (the planner's K / oracle, worst over prompt sets and
+widths) worst_served_tpj_ratio_vs_oracle=R (the planner as served / oracle, likewise).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from runtime.bench.common import table as format_table
 from runtime.cost_table import CostTable, CostTableError, load_table, machine_id
-from runtime.plan import DepthChoice, propose_depth, sequence_depths
+from runtime.plan import DepthChoice, propose_depth
 
 TPJ_TOLERANCE = 0.05  # the planner's tokens per joule may trail the oracle's by this much
 PLANNER = "planner"
@@ -63,7 +72,7 @@ class Verdict:
     tps_ratio: float  # tok/s likewise
     slack: float
     passed: bool
-    served_tpj_ratio: float | None = None  # the planner as served (K + sequence_depths), if run
+    served_tpj_ratio: float | None = None  # the planner as served, where it was run
 
 
 def compare(totals: dict[int | str, Totals], planner_k: int, slack: float) -> Verdict:
@@ -84,18 +93,6 @@ def choose_depth(table: CostTable, *, n: int, slack: float, max_k: int, mtp_max_
     """What the scheduler asks before drafting: the prior is the table's acceptance by depth."""
     return propose_depth(n, table=table, prior=table.calibration.by_depth, max_k=max_k,
                          slack=slack, mtp_max_seqs=mtp_max_seqs)
-
-
-def planner_rows(table: CostTable, depth: int, n: int):
-    """What the scheduler asks after drafting: how many of each sequence's drafts to verify.
-    The row budget here is n * depth: the bench caps rows by the proposed depth only."""
-    prior = table.calibration.by_depth
-
-    def rows(confidences: list[list[float]], counts: list[int]) -> tuple[int, ...]:
-        return sequence_depths(table, confidences, prior=prior, max_k=depth, row_budget=n * depth,
-                               known_drafts=counts)
-
-    return rows
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -122,68 +119,115 @@ def main(argv: list[str]) -> int:
 
 def run(args, widths: list[int]) -> int:
     from kernels.default_model import ensure_default_model
-    from kernels.heads import build_drafter
-    from kernels.loader import load
     from runtime.calibrate import model_id, resolve_drafter
     from runtime.energy import open_meter
-    from runtime.text import TextCodec
 
     model_dir = ensure_default_model()
     drafter = resolve_drafter(args.drafter, model_dir, None)
-    loaded, codec = load(model_dir), TextCodec(model_dir)
-    engine_drafter = build_drafter(drafter, loaded.model, model_dir, None, None)[1]
-    table = _table(args, model_dir, model_id(model_dir), drafter)
+    table = _table(args, model_dir, model_id(model_dir), drafter)  # before the event loop: it may calibrate
     meter = open_meter(table.meta.watts_per_core or 10.0)
     print(f"drafter: {drafter}; energy: {meter.source}; prior (acceptance by depth): "
           + " ".join(f"{p:.2f}" for p in table.calibration.by_depth))
-    print(f"widths: {', '.join(map(str, widths))}; width 1 steps the serial engine, wider ones step one "
-          f"batch as mtp_batch does (which speculates up to mtp_max_seqs={args.mtp_max_seqs})\n")
-    worst = float("inf")
+    print(f"widths: {', '.join(map(str, widths))}; width 1 serves in serial mode, wider ones in mtp_batch "
+          f"(which speculates up to mtp_max_seqs={args.mtp_max_seqs})\n")
+    bench = Bench(model_dir, drafter, table, meter, args.max_k, args.slack, args.mtp_max_seqs, args.max_tokens)
+    worst = asyncio.run(_widths(bench, widths, args))
+    print(f"worst_tpj_ratio_vs_oracle={worst[0]:.3f} worst_served_tpj_ratio_vs_oracle={worst[1]:.3f}")
+    return 0
+
+
+async def _widths(bench: "Bench", widths: list[int], args) -> tuple[float, float]:
+    worst = [float("inf"), float("inf")]
     for n in widths:
-        choice = choose_depth(table, n=n, slack=args.slack, max_k=args.max_k, mtp_max_seqs=args.mtp_max_seqs)
+        choice = choose_depth(bench.table, n=n, slack=bench.slack, max_k=bench.max_k, mtp_max_seqs=bench.mtp_max_seqs)
         print(f"planner at width {n}: K={choice.depth} ({choice.reason})" + (
             f", expected {choice.tokens_per_ms * 1e3:.1f} tok/s, {choice.tokens_per_joule:.2f} tok/J"
             if choice.tokens_per_ms else ""))
-        for set_name in ("code", "chat"):
-            groups = _held_groups(codec, set_name, args.offset, max(1, args.prompts // n), n)
-            totals, mismatches = sweep(loaded.model, groups, engine_drafter=engine_drafter, drafter=drafter,
-                                       table=table, choice=choice, n=n, meter=meter, max_k=args.max_k,
-                                       max_tokens=args.max_tokens, eos_ids=codec.eos_ids)
-            verdict = compare(totals, choice.depth, args.slack)
+        groups = {name: held_groups(name, args.offset, max(1, args.prompts // n), n) for name in ("code", "chat")}
+        for set_name, (totals, mismatches) in (await bench.sweep(groups, n)).items():
+            verdict = compare(totals, choice.depth, bench.slack)
             print(report(set_name, n, totals, verdict))
             if mismatches:
                 print(f"note: {mismatches} sequence(s) decoded differently from plain decode at width {n}")
             print()
-            worst = min(worst, verdict.tpj_ratio)
-    print(f"worst_tpj_ratio_vs_oracle={worst:.3f}")
-    return 0
+            worst = [min(worst[0], verdict.tpj_ratio), min(worst[1], verdict.served_tpj_ratio)]
+    return worst[0], worst[1]
 
 
-def sweep(model, groups, *, engine_drafter, drafter, table, choice, n, meter, max_k, max_tokens, eos_ids):
-    """Every fixed K and the planner on every prompt group in lockstep (kernels/planner_bench.py),
-    their order rotated per group. Totals per configuration, and how many sequences' tokens
-    differ from plain decode's (none at width 1, where greedy speculation is exact)."""
-    from kernels.planner_bench import Config, lockstep
+@dataclass(frozen=True)
+class Bench:
+    """What every width's sweep shares."""
 
-    keys: list[int | str] = list(range(max_k + 1))
-    configs = [Config(str(k), k) for k in range(max_k + 1)]
-    if choice.depth:  # as served, sequence_depths may verify fewer drafts than the fixed K does
-        keys.append(PLANNER)
-        configs.append(Config(PLANNER, choice.depth, planner_rows(table, choice.depth, n)))
-    kw = dict(drafter=engine_drafter, drafter_kind=drafter, eos_ids=eos_ids, meter=meter)
-    lockstep(model, groups[0], configs, max_tokens=8, **kw)  # warm-up: every shape once
-    totals, mismatches = {k: Totals() for k in keys}, 0
-    for turn, prompts in enumerate(groups):
-        shift = turn % len(configs)
-        runs = lockstep(model, prompts, configs[shift:] + configs[:shift], max_tokens=max_tokens, **kw)
-        plain = runs["0"].tokens
-        mismatches += sum(r.tokens[i] != plain[i] for r in runs.values() for i in range(len(plain)))
-        for key, config in zip(keys, configs):
-            m = runs[config.name]
-            totals[key].add(m.decoded, m.seconds, m.joules, m.drafted, m.accepted)
-    if n == 1 and mismatches:
-        raise AssertionError(f"{mismatches} speculative run(s) changed greedy output at width 1")
-    return totals, mismatches
+    model_dir: Path
+    drafter: str
+    table: CostTable
+    meter: object
+    max_k: int
+    slack: float
+    mtp_max_seqs: int
+    max_tokens: int
+
+    def configs(self, n: int, table_dir: Path) -> dict[int | str, object]:
+        """Fixed K = 1..max_k (K = 0 runs on K = 1's system with disable_mtp) and the planner as
+        served, which finds the bench's table in table_dir as it would a calibrated one."""
+        from runtime.bench._inprocess import at_width, fixed_depth
+        from runtime.config import load_config, override
+
+        base = override(at_width(load_config(), n), "scheduler", mtp_max_seqs=self.mtp_max_seqs)
+        configs: dict[int | str, object] = {k: fixed_depth(base, self.drafter, k) for k in range(1, self.max_k + 1)}
+        planner = override(base, "spec", drafter=self.drafter, cost_model="measured", num_draft_tokens=self.max_k,
+                           cost_slack=self.slack)
+        configs[PLANNER] = override(planner, "model", cache_dir=str(table_dir))
+        return configs
+
+    async def sweep(self, groups: dict[str, list], n: int) -> dict[str, tuple[dict, int]]:
+        """Per prompt set: totals per configuration and how many sequences' tokens differ from
+        plain decode's (none at width 1, where greedy speculation is exact)."""
+        import tempfile
+
+        from runtime.bench._inprocess import served_all
+        from runtime.calibrate import model_id, table_name
+        from runtime.cost_table import save_table
+
+        with tempfile.TemporaryDirectory(prefix="metrale-bench-planner-") as tmp:
+            save_table(self.table, Path(tmp) / "calibration" / table_name(model_id(self.model_dir), self.drafter))
+            async with served_all(self.configs(n, Path(tmp)), self.model_dir) as clients:
+                clients = {0: clients[1], **clients}
+                first = next(iter(groups.values()))[0]
+                await self.run_groups(clients, [first], 8)  # untimed: every system builds its paths once
+                swept = {name: await self.run_groups(clients, prompts, self.max_tokens)
+                         for name, prompts in groups.items()}
+        if n == 1 and any(mismatches for _, mismatches in swept.values()):
+            raise AssertionError("a speculative run changed greedy output at width 1")
+        return swept
+
+    async def run_groups(self, clients: dict, groups: list, max_tokens: int) -> tuple[dict, int]:
+        """Every configuration on every group, in an order rotated per group."""
+        from runtime.bench._inprocess import plain
+        from runtime.messages import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, objective="energy")
+        keys = list(clients)
+        totals, mismatches = {k: Totals() for k in keys}, 0
+        mark = lambda: (time.perf_counter(), self.meter.read())  # noqa: E731
+        for turn, prompts in enumerate(groups):
+            shift = turn % len(keys)
+            runs = {k: await clients[k].group(prompts, plain(params) if k == 0 else params, mark)
+                    for k in keys[shift:] + keys[:shift]}
+            reference = [r.tokens for r in runs[0].results]
+            mismatches += sum(r.tokens != t for g in runs.values() for r, t in zip(g.results, reference))
+            for key, group in runs.items():
+                add_group(totals[key], group)
+        return totals, mismatches
+
+
+def add_group(totals: Totals, group) -> None:
+    """A group's tokens after each request's first, its seconds and joules from the moment all had
+    their first token to the last one's end, and its drafts by position (from the receipts)."""
+    (_, _), (t0, e0), (t1, e1) = group.marks
+    totals.add(sum(max(0, len(r.tokens) - 1) for r in group.results), t1 - t0, e1.since(e0), [], [])
+    for r in group.results:
+        totals.add(0, 0.0, 0.0, r.receipt.drafted_by_position, r.receipt.accepted_by_position)
 
 
 def report(set_name: str, n: int, totals: dict[int | str, Totals], verdict: Verdict) -> str:
@@ -191,7 +235,7 @@ def report(set_name: str, n: int, totals: dict[int | str, Totals], verdict: Verd
     rows = []
     for config, t in totals.items():
         if config == PLANNER:
-            name = f"planner as served (K={verdict.planner_k} + sequence_depths)"
+            name = "planner as served"
         else:
             roles = [r for r, k in (("planner", verdict.planner_k), ("oracle", verdict.oracle_k)) if k == config]
             name = f"K={config}" + "".join(f" {r}" for r in roles)
@@ -208,15 +252,14 @@ def report(set_name: str, n: int, totals: dict[int | str, Totals], verdict: Verd
     return format_table(headers, rows) + "\n" + verdict_line
 
 
-def _held_groups(codec, set_name: str, offset: int, count: int, n: int) -> list[list[list[int]]]:
+def held_groups(set_name: str, offset: int, count: int, n: int) -> list[list[str]]:
     """count groups of n held-out prompts (from offset on; cycling when the set runs short)."""
     from runtime.bench.spec import prompt_set
-    from runtime.calibrate import chat_messages
 
     texts = prompt_set(set_name, 1000)
     held = texts[offset:] or texts
-    ids = [codec.encode(codec.chat_text(chat_messages(held[i % len(held)]))) for i in range(count * n)]
-    return [ids[g * n:(g + 1) * n] for g in range(count)]
+    chosen = [held[i % len(held)] for i in range(count * n)]
+    return [chosen[g * n:(g + 1) * n] for g in range(count)]
 
 
 def _table(args, model_dir, name: str, drafter: str) -> CostTable:

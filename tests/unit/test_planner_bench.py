@@ -1,11 +1,11 @@
-"""metrale bench planner's comparison logic on a synthetic table (no model), and its lockstep decode
-on a tiny random model."""
+"""metrale bench planner's comparison logic on a synthetic table (no model), and its sweep through
+the served actor system on a tiny random model."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.bench.planner import PLANNER, Totals, choose_depth, compare, planner_rows, report
+from runtime.bench.planner import PLANNER, Bench, Totals, choose_depth, compare, report
 from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
 from runtime.plan import expected_tokens
 
@@ -80,24 +80,27 @@ def test_totals_add_up_by_position():
     assert (t.drafted, t.accepted) == ([4, 3, 1], [3, 1, 0])
 
 
-def test_planner_rows_verify_at_least_one_and_at_most_the_drafts():
-    rows = planner_rows(synthetic_table(), 4, 3)
-    for counts in ([1, 2, 3], [4, 4, 4], [0, 4, 2]):
-        assert all(min(1, c) <= r <= c for r, c in zip(rows([[], [], []], counts), counts))
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tests.tiny import save_tiny_dir
+
+    return save_tiny_dir(tmp_path_factory.mktemp("model") / "tiny", seed=5)
 
 
 @pytest.mark.parametrize("width", [1, 3])
-def test_lockstep_configurations_emit_plain_decodes_tokens(width):
-    from kernels.planner_bench import Config, lockstep
-    from runtime.energy import CpuProxyMeter
-    from tests.tiny import tiny_llama
+async def test_every_configuration_decodes_plain_decodes_tokens_through_the_served_system(tiny_dir, width):
+    from msgspec import structs
 
-    one_draft = lambda confidences, counts: [min(1, c) for c in counts]  # noqa: E731
-    configs = [Config("0", 0), Config("2", 2), Config("4", 4), Config(PLANNER, 4, one_draft)]
+    from runtime.cost_table import machine_id
+    from runtime.energy import CpuProxyMeter
+
+    table = synthetic_table()
+    table = structs.replace(table, meta=structs.replace(table.meta, model_id="tiny", machine=machine_id()))
+    bench = Bench(tiny_dir, "ngram", table, CpuProxyMeter(10.0), max_k=4, slack=0.1, mtp_max_seqs=32,
+                  max_tokens=20)
     prompts = [[7, 8, 9, 10] * 6, [3, 4, 5] * 5, [11, 12] * 9][:width]
-    runs = lockstep(tiny_llama(seed=5), prompts, configs, drafter=None, drafter_kind="ngram",
-                    max_tokens=20, eos_ids=frozenset(), meter=CpuProxyMeter(10.0))
-    plain = runs["0"].tokens
-    assert len(plain) == width and all(r.tokens == plain for r in runs.values())
-    assert all(r.decoded == 19 * width and r.seconds > 0 for r in runs.values())
-    assert sum(runs["4"].drafted) > 0 and max(runs[PLANNER].drafted[1:]) == 0
+    totals, mismatches = (await bench.sweep({"ids": [prompts]}, width))["ids"]
+    assert list(totals) == [0, 1, 2, 3, 4, PLANNER] and mismatches == 0
+    assert all(t.tokens == 19 * width and t.seconds > 0 and t.joules > 0 for t in totals.values())
+    assert sum(totals[0].drafted) == 0 and sum(totals[4].drafted) > 0 and len(totals[2].drafted) == 2
+    assert len(totals[PLANNER].drafted) <= 4
