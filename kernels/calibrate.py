@@ -1,4 +1,5 @@
-"""MLX side of `metrale calibrate`: time verify(n, K) and draft(n, K), and record drafts' acceptance.
+"""MLX side of `metrale calibrate`: time verify(n, K) and draft(n, K). (Drafts' acceptance is
+measured through the served scheduler: runtime/calibrate.py.)
 
 verify(n, K) is one target forward over [n, K+1] tokens on a batch KV cache holding n identical
 prompts (a fixed, realistic context): the K+1 new entries are trimmed after every timed call, so
@@ -34,15 +35,6 @@ class Sample:
 
     ms: float
     joules: float
-
-
-@dataclass(frozen=True)
-class Step:
-    """One speculative step of the acceptance run: draft confidences (may be empty), counts."""
-
-    confidences: tuple[float, ...]
-    drafted: int
-    accepted: int
 
 
 class VerifyProbe:
@@ -158,35 +150,3 @@ def draft_cells(drafter: str, model, head, widths, depths, context, history):
 
 def _bind(probe, k: int) -> Probe:
     return lambda: probe(k)
-
-
-def acceptance_steps(
-    engine, prompts: Sequence[Sequence[int]], *, drafter: str, k: int, max_tokens: int,
-    eos_ids, tick: Tick,
-) -> list[Step]:
-    """Greedy speculative generation at depth k on each prompt; one Step per verify."""
-    steps: list[Step] = []
-    for ids in prompts:
-        ids = list(ids)
-        out = [engine.prefill("calibrate", ids, 0.0, 1.0, None, False)]
-        while len(out) < max_tokens and out[-1] not in eos_ids:
-            want = min(k, max_tokens - len(out) - 1)
-            drafts, confidences = _drafts(engine, drafter, ids + out, want)
-            if not drafts:
-                out += engine.decode(["calibrate"], [False])
-                continue
-            accepted, emitted = engine.verify("calibrate", drafts, False)
-            engine.rollback("calibrate", len(drafts), accepted, emitted)
-            steps.append(Step(tuple(confidences), len(drafts), accepted))
-            out += emitted
-        engine.release("calibrate")
-        tick()
-    return steps
-
-
-def _drafts(engine, drafter: str, history: list[int], want: int) -> tuple[list[int], list[float]]:
-    if want < 1:
-        return [], []
-    if drafter == "ngram":
-        return propose_ngram(history, want), []  # n-gram drafts carry no confidence
-    return engine.propose("calibrate", want)

@@ -2,10 +2,13 @@
 
 For the loaded model and drafter it times verify(n, K) and draft(n, K) (kernels/calibrate.py) at
 widths n = powers of two up to --mtp-max-seqs and depths K = 0..--max-k, then runs greedy
-speculation on a prompt set to fit the acceptance calibration: P(accept) of draft position t given
-that drafts 1..t-1 were accepted (by_depth, the planner's prior), and for drafters with
-confidences, P(accept) against the top-1 log-probability. The table (runtime/cost_table.py) goes to
---out, by default the cache folder: ~/.cache/metrale/calibration/<model>-<drafter>.json.
+speculation at depth --max-k on a prompt set through the served scheduler (the actor system in
+this process, serial mode, gate forced, no planner: what `metrale serve --drafter D
+--num-draft-tokens K --mtp-gate force --spec-cost-model off` runs) to fit the acceptance
+calibration: P(accept) of draft position t given that drafts 1..t-1 were accepted (by_depth, the
+planner's prior), and for drafters with confidences, P(accept) against the top-1 log-probability.
+The table (runtime/cost_table.py) goes to --out, by default the cache folder:
+~/.cache/metrale/calibration/<model>-<drafter>.json.
 
 Nothing is written until every cell is measured, and then atomically, so Ctrl-C leaves no partial
 table (exit 130). A table at --out measured for another model or machine is not overwritten
@@ -15,6 +18,7 @@ without --force.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import re
 import sys
@@ -53,7 +57,6 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     context: tuple[int, ...]
     history: tuple[int, ...]
     prompts: tuple[tuple[int, ...], ...]
-    eos_ids: frozenset[int] = frozenset()
 
 
 # --- where tables live -------------------------------------------------------------------------
@@ -105,9 +108,10 @@ def powers_of_two(cap: int) -> tuple[int, ...]:
 def fit_calibration(steps: Sequence, max_k: int, bins: int = 8) -> AcceptanceCalibration:
     """by_depth[t-1] = P(draft t accepted | drafts 1..t-1 accepted); confidence knots likewise.
 
-    steps: objects with confidences, drafted and accepted (kernels.calibrate.Step). Deep drafts are
-    rarely reached, so each depth past the first adds _PSEUDO_TRIALS trials at the rate of the depth
-    before it: 2 hits in 2 tries at depth 7 must not read as certainty (the planner would chase it).
+    steps: objects with confidences, drafted and accepted (runtime.sequence.StepRecord). Deep drafts
+    are rarely reached, so each depth past the first adds _PSEUDO_TRIALS trials at the rate of the
+    depth before it: 2 hits in 2 tries at depth 7 must not read as certainty (the planner would
+    chase it).
     """
     trials, hits = [0] * max_k, [0] * max_k
     pairs: list[tuple[float, bool]] = []
@@ -150,13 +154,13 @@ def _knots(pairs: list[tuple[float, bool]], bins: int) -> tuple[tuple[float, ...
 
 # --- measuring ---------------------------------------------------------------------------------
 def measure_table(
-    model, *, drafter: str, model_name: str, dtype: str, settings: Settings, workload: Workload,
-    engine=None, head=None, tick: Callable[[], None] = lambda: None,
+    model, *, model_dir: Path, drafter: str, model_name: str, dtype: str, settings: Settings,
+    workload: Workload, mtp_head: str | None = None, head=None, tick: Callable[[], None] = lambda: None,
 ) -> CostTable:
-    """Every cell and the acceptance calibration; writes nothing (the caller saves the result)."""
+    """Every cell and the acceptance calibration; writes nothing (the caller saves the result).
+    model (and head, for MTP) are timed in this thread; acceptance runs on model_dir as served."""
     import kernels
     from kernels import calibrate as kc
-    from kernels.engine import Engine
     from runtime.energy import open_meter
 
     meter = open_meter(settings.watts_per_core)
@@ -165,10 +169,8 @@ def measure_table(
     verify = kc.median_cells(cells, warmup=settings.warmup, repeats=settings.repeats, meter=meter, tick=tick)
     cells = kc.draft_cells(drafter, model, head, settings.widths, depths, workload.context, workload.history)
     draft = kc.median_cells(cells, warmup=settings.warmup, repeats=settings.repeats, meter=meter, tick=tick)
-    steps = kc.acceptance_steps(
-        engine or Engine(model), workload.prompts, drafter=drafter, k=settings.max_k,
-        max_tokens=settings.max_tokens, eos_ids=workload.eos_ids, tick=tick,
-    )
+    steps = acceptance_steps(model_dir, workload.prompts, drafter=drafter, mtp_head=mtp_head,
+                             k=settings.max_k, max_tokens=settings.max_tokens, tick=tick)
     meta = TableMeta(
         model_id=model_name, drafter=drafter, machine=machine_id(), dtype=dtype, blas=kernels.BLAS,
         energy_source=meter.source, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -180,6 +182,28 @@ def measure_table(
         draft=lambda n, k: _cost(draft[n, k]) if k else Cost(ms=0.0, joules=0.0),
         calibration=fit_calibration(steps, settings.max_k, settings.bins),
     )
+
+
+def acceptance_steps(model_dir: Path, prompts: Sequence[Sequence[int]], *, drafter: str,
+                     mtp_head: str | None, k: int, max_tokens: int, tick: Callable[[], None]) -> list:
+    """Greedy speculation at depth k on each prompt through the served scheduler; one StepRecord
+    (confidences, drafted, accepted) per verify step (runtime/sequence.py record_steps). The
+    confidences are there where the scheduler hands them to note_verify (else empty: no knots)."""
+    return asyncio.run(_acceptance(model_dir, prompts, drafter, mtp_head, k, max_tokens, tick))
+
+
+async def _acceptance(model_dir, prompts, drafter, mtp_head, k, max_tokens, tick) -> list:
+    from runtime.bench._inprocess import Served, fixed_depth
+    from runtime.config import load_config
+    from runtime.messages import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    steps: list = []
+    async with Served(fixed_depth(load_config(), drafter, k, mtp_head), model_dir) as client:
+        for ids in prompts:
+            steps += (await client.generate(ids, params, record=True)).steps
+            tick()
+    return steps
 
 
 def _cost(sample) -> Cost:
@@ -290,7 +314,6 @@ def resolve_drafter(kind: str, model_dir: Path, mtp_head: str | None) -> str:
 def _measure(model_dir: Path, name: str, drafter: str, mtp_head: str | None, settings: Settings) -> CostTable:
     from tqdm import tqdm
 
-    from kernels.engine import Engine
     from kernels.heads import build_drafter
     from kernels.loader import load
     from runtime.text import TextCodec
@@ -301,8 +324,8 @@ def _measure(model_dir: Path, name: str, drafter: str, mtp_head: str | None, set
     total = progress_total(settings, len(workload.prompts))
     with tqdm(total=total, desc="metrale calibrate", unit="call", file=sys.stderr) as bar:
         return measure_table(
-            loaded.model, drafter=drafter, model_name=name, dtype=loaded.dtype, settings=settings,
-            workload=workload, engine=Engine(loaded.model, drafter=engine_drafter),
+            loaded.model, model_dir=model_dir, drafter=drafter, model_name=name, dtype=loaded.dtype,
+            settings=settings, workload=workload, mtp_head=mtp_head,
             head=getattr(engine_drafter, "head", None), tick=bar.update,
         )
 
@@ -318,7 +341,7 @@ def workload_from_text(codec, settings: Settings) -> Workload:
     return Workload(
         context=tuple(_cycle(stream, settings.context_tokens)),
         history=tuple(_cycle(stream, settings.history_tokens)),
-        prompts=tuple(tuple(p) for p in prompts), eos_ids=codec.eos_ids,
+        prompts=tuple(tuple(p) for p in prompts),
     )
 
 
