@@ -64,3 +64,14 @@ async def test_chat_is_identical_to_mlx_lm(idle_server, reference, question):
 async def test_completion_is_identical_to_mlx_lm(idle_server, reference, prompt):
     run, tokenizer = reference
     assert_identical(await served(idle_server.url, {"prompt": prompt}), run(prompt), tokenizer)
+
+
+def test_bench_parity_measures_speculation_off_and_reports_the_default_beside_it(model_dir, capsys):
+    import re
+
+    from runtime.bench import parity
+
+    assert parity.main(["--rounds", "1", "--max-tokens", "4"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"parity_ratio=\d+\.\d{3} default_ratio=\d+\.\d{3}", out[-1])
+    assert re.match(r"\s*1\s+12\s", out[-2])  # three prompts of four tokens on the speculation-off runtime
