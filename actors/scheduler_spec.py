@@ -40,9 +40,9 @@ class SpecStep:
                                    verify_j=self.meter.read().since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens)
-        for seq, row, result in zip(batch, rows, results):
+        for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts:
-                seq.spec.note_verify(len(row.drafts), result.accepted, wall)
+                seq.spec.note_verify(len(row.drafts), result.accepted, wall, drafted.confidences)
                 if controller is not None:
                     controller.record_outcome(seq, len(row.drafts), result.accepted)
             else:

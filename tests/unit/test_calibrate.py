@@ -71,8 +71,6 @@ def test_an_mtp_drafter_gets_draft_cells_and_acceptance(mtp_table):
     assert len(mtp_table.calibration.by_depth) == SETTINGS.max_k
 
 
-@pytest.mark.xfail(reason="the served scheduler does not yet pass the verified drafts' confidences to "
-                          "SpecCounters.note_verify (actors/scheduler.py spec_step)", strict=False)
 def test_an_mtp_drafter_gets_confidence_knots(mtp_table):
     knots = mtp_table.calibration.confidence
     assert knots and all(a < b for a, b in zip(knots, knots[1:]))
