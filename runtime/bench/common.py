@@ -1,13 +1,10 @@
-"""Helpers shared by benchmarks: an in-process actor system and timing of one request through it."""
+"""Helpers shared by benchmarks: an in-process actor system, a median, a table."""
 
 from __future__ import annotations
 
 import statistics
-import time
 
 from runtime.config import Config, load_config
-from runtime.gateway import new_request_id, open_request
-from runtime.messages import ChatMessage, Finished, SamplingParams, Submit, TokensEmitted
 
 
 async def started_system(config: Config | None = None, model_dir=None):
@@ -19,24 +16,6 @@ async def started_system(config: Config | None = None, model_dir=None):
     system = System(config or load_config(), model_dir or ensure_default_model())
     await system.start()
     return system
-
-
-async def timed_request(system, question: str | None = None, prompt: str | None = None,
-                        params: SamplingParams = SamplingParams(temperature=0.0)) -> tuple[list[int], float, object]:
-    """Token ids, wall seconds from submit to the terminal event, and that event."""
-    messages = (ChatMessage(role="user", content=question),) if question is not None else None
-    submit = Submit(request_id=new_request_id("bench"), params=params, messages=messages, prompt=prompt,
-                    submitted_at=time.monotonic())
-    started = time.perf_counter()
-    tokens: list[int] = []
-    async with open_request(system, submit) as events:
-        async for event in events:
-            if isinstance(event, TokensEmitted):
-                tokens.extend(event.token_ids)
-            last = event
-    if not isinstance(last, Finished):
-        raise RuntimeError(f"benchmark request did not finish: {last}")
-    return tokens, time.perf_counter() - started, last
 
 
 def median(values) -> float:
