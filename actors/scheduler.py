@@ -22,6 +22,7 @@ from runtime.messages import (
     PrefillChunk, Prefilled, Release, Sample, TimeCell, TokensEmitted,
 )
 from runtime.controller import Learning
+from runtime.decisions import consult
 from runtime.self_calibration import SELF_CALIBRATED
 from runtime.modes import SchedulerMode
 from runtime.prefill_budget import PrefillBudget
@@ -56,6 +57,7 @@ class Scheduler(SpecStep, Actor):
         self.learning = learning  # saving the learned table, and the self-calibration while none exists
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
+        self.consulted = None  # what the latest decision read, for its trace
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -103,6 +105,7 @@ class Scheduler(SpecStep, Actor):
         self.steps += 1
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth)
+        self.consulted = consult(self.policy, batch, choice, depth)
         if choice.step is GateStep.MTP:
             await self.spec_step(batch, choice)
         else:
@@ -190,6 +193,7 @@ class Scheduler(SpecStep, Actor):
                       seconds=round(seconds, 4), together=together,
                       queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
         await self.telemetry.tell(Sample(name="prefill_seconds", value=seconds, kind="observe"))
+        await self.observe("request_queue_time_seconds", time.monotonic() - seq.submitted_at - seconds)
         await self.emit(seq, [reply.token])
 
     async def plain_step(self, batch: list[Sequence]) -> None:
@@ -204,18 +208,20 @@ class Scheduler(SpecStep, Actor):
             for seq in batch:
                 await self.fail(seq, e)
             return
-        wall = time.perf_counter() - started
+        wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
         if (controller := self.policy.controller) is not None:
-            controller.record_plain(len(batch), wall * 1e3, self.meter.read().since(energy))
+            controller.record_plain(len(batch), wall * 1e3, joules)
         for seq, token in zip(batch, reply.tokens):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall
             await self.emit(seq, [token])
         self.mode.note_step("plain", len(batch), 0, 0)
-        await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch))
+        await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch), joules)
 
-    async def after_step(self, choice: StepChoice, wall: float, batch, tokens: int) -> None:
+    async def after_step(self, choice: StepChoice, wall: float, batch, tokens: int, joules: float | None = None,
+                         outcomes: tuple = ()) -> None:
         self.budget.note_step(wall)
+        await self.trace_step(choice, wall, batch, tokens, joules, outcomes)  # before the gate records it
         phase = "step_mtp" if choice.step is GateStep.MTP else "step_plain"
         await self.telemetry.tell(Sample(name="sched_phase_seconds", value=wall, kind="observe",
                                          labels=(("phase", phase),)))
@@ -254,6 +260,7 @@ class Scheduler(SpecStep, Actor):
         if first and kept:
             self.log.info("first_token", request_id=seq.request_id, step=self.steps,
                           seconds=round(seq.first_token_at - seq.submitted_at, 4))
+            await self.observe("time_to_first_token_seconds", seq.first_token_at - seq.submitted_at)
         if kept or delta:
             await self.streamer.tell(TokensEmitted(request_id=seq.request_id, token_ids=tuple(kept),
                                                    text=delta, index=index))
@@ -267,6 +274,7 @@ class Scheduler(SpecStep, Actor):
         self.log.info("finished", request_id=seq.request_id, step=self.steps, reason=seq.finish_reason,
                       completion_tokens=len(seq.output_ids),
                       seconds=round(time.monotonic() - seq.submitted_at, 4))
+        await self.observe("e2e_request_latency_seconds", time.monotonic() - seq.submitted_at)
         await self.streamer.tell(Finished(request_id=seq.request_id, finish_reason=seq.finish_reason,
                                           usage=seq.usage()))
 

@@ -10,7 +10,8 @@ import time
 
 import msgspec
 
-from runtime.messages import ActorFailure, Draft, Drafted, DraftMany, VerifyBatch, VerifyDrafts
+from runtime.decisions import step_trace
+from runtime.messages import ActorFailure, Draft, Drafted, DraftMany, Sample, VerifyBatch, VerifyDrafts
 from runtime.sequence import Sequence
 from runtime.speculation import StepChoice
 
@@ -32,7 +33,7 @@ class SpecStep:
             for seq in batch:
                 await self.fail(seq, e)
             return
-        wall = time.perf_counter() - started
+        wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
         tokens = sum(len(r.emitted) for r in results)
         if (controller := self.policy.controller) is not None:
             controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
@@ -50,7 +51,18 @@ class SpecStep:
                 seq.spec.plain_seconds += wall
             await self.emit(seq, list(result.emitted))
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
-        await self.after_step(choice, wall, batch, tokens)
+        outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
+        await self.after_step(choice, wall, batch, tokens, joules, outcomes)
+
+    async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
+        """The step's decision, with what it read and what it measured, to telemetry's ring."""
+        if self.consulted is not None:
+            await self.telemetry.tell(step_trace(self.consulted, ran, step=self.steps, drafter=self.policy.drafter,
+                                                 width=len(batch), active=len(self.active), waiting=len(self.waiting),
+                                                 wall_s=wall, joules=joules, tokens=tokens, outcomes=outcomes))
+
+    async def observe(self, name: str, seconds: float) -> None:
+        await self.telemetry.tell(Sample(name=name, value=max(0.0, seconds), kind="observe"))
 
     def allot(self, batch, drafts: list[Drafted | None]) -> list[Drafted | None]:
         """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""

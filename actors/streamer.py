@@ -2,18 +2,21 @@
 
 Receives Subscribe (the client's event queue for a request), Unsubscribe, TokensEmitted, the
 terminal events, and FailOpen (a failure elsewhere: every open request fails). Sends Ended to admission once per request and Samples to telemetry. A request
-ends with exactly one terminal event; a second one is dropped and logged.
+ends with exactly one terminal event; a second one is dropped and logged. Sends telemetry the gap
+between a request's emissions (inter-token latency) and one RequestEnded with its receipt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import assert_never
 
 from runtime.actor import Actor
 from runtime.messages import (
     Cancelled, Ended, Failed, FailOpen, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
 )
+from runtime.observe import RequestEnded
 
 
 class Streamer(Actor):
@@ -24,6 +27,7 @@ class Streamer(Actor):
         self.admission, self.telemetry = admission, telemetry
         self.subscribers: dict[str, asyncio.Queue] = {}
         self.ended: set[str] = set()
+        self.emitted_at: dict[str, float] = {}  # each open request's latest emission
 
     async def handle(self, msg) -> None:
         match msg:
@@ -34,6 +38,8 @@ class Streamer(Actor):
             case TokensEmitted():
                 if (queue := self.subscribers.get(msg.request_id)) is not None:
                     queue.put_nowait(msg)
+                if msg.request_id not in self.ended:
+                    await self.note_emitted(msg.request_id)
             case Finished() | Cancelled() | Failed():
                 await self.terminal(msg)
             case FailOpen():
@@ -53,5 +59,17 @@ class Streamer(Actor):
             queue.put_nowait(msg)
         if self.admission is not None:
             await self.admission.tell(Ended(request_id=msg.request_id))
-        await self.telemetry.tell(Sample(name="requests_total", value=1,
-                                         labels=(("outcome", type(msg).__name__.lower()),)))
+        outcome = type(msg).__name__.lower()
+        await self.telemetry.tell(Sample(name="requests_total", value=1, labels=(("outcome", outcome),)))
+        self.emitted_at.pop(msg.request_id, None)
+        detail = msg.finish_reason if isinstance(msg, Finished) else msg.reason if isinstance(msg, Cancelled) \
+            else msg.error
+        await self.telemetry.tell(RequestEnded(request_id=msg.request_id, outcome=outcome, detail=detail,
+                                               usage=getattr(msg, "usage", None), at=time.time()))
+
+    async def note_emitted(self, request_id: str) -> None:
+        now = time.monotonic()
+        previous, self.emitted_at[request_id] = self.emitted_at.get(request_id), now
+        if previous is not None:
+            await self.telemetry.tell(Sample(name="inter_token_latency_seconds", value=now - previous,
+                                             kind="observe"))

@@ -1,4 +1,4 @@
-"""metrale command line: serve, bench NAME, calibrate, train-mtp STAGE, fetch-model."""
+"""metrale command line: serve, bench NAME, calibrate, train-mtp STAGE, replay TRACE, fetch-model."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         return calibrate(argv[1:])
     if argv[:1] == ["train-mtp"]:
         return train_mtp(argv[1:])
+    if argv[:1] == ["replay"]:
+        from runtime.replay_cli import main as replay
+
+        return replay(argv[1:])
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -49,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="run a benchmark: metrale bench NAME --help")
     sub.add_parser("calibrate", help="measure verify/draft costs for the planner: metrale calibrate --help")
     sub.add_parser("train-mtp", help="build data, train or evaluate an MTP head: metrale train-mtp STAGE --help")
+    sub.add_parser("replay", help="re-run the speculation policies over a decision trace: metrale replay --help")
     return parser
 
 

@@ -23,6 +23,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     port: doc(int, "port to listen on") = 8000
     max_body_bytes: doc(int, "largest request body accepted (bytes)") = 1 << 20
     log_format: doc(Literal["json", "console"], "trace log lines as JSON or human-readable") = "json"
+    trace_file: doc(str | None, "write every speculation decision to this JSONL file as it is taken "
+                                "(`metrale replay` reads it)") = None
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -179,6 +179,15 @@ class OnlineController:
                 "acceptance": [round(p, 3) for p in ctl.acceptance.mean(ctl.phase, self.max_k)],
                 "depth": ctl.depth}
 
+    def consulted(self, seq) -> tuple[str, str, tuple[float, ...], tuple[float, ...]] | None:
+        """Read-only, for decision traces: what plan() read for this sequence (objective, phase, the
+        acceptance mean and upper bound up to max_k); None where no state is held for it."""
+        ctl = self.requests.get(seq.request_id)
+        if ctl is None:
+            return None
+        acc = ctl.acceptance
+        return ctl.objective, ctl.phase.value, acc.mean(ctl.phase, self.max_k), acc.upper(ctl.phase, self.max_k)
+
     def snapshot(self, active=()) -> dict:
         return {"cost_model": self.costs.snapshot(), "phase_acceptance": self.priors.snapshot(),
                 "phase_speculates": {p.value: s for p, s in self.phase_speculates.items()},

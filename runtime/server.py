@@ -1,4 +1,5 @@
-"""The HTTP server: routes, health and metrics, start-up and graceful shutdown."""
+"""The HTTP server: routes, health and metrics (the dashboard's in runtime/dashboard.py), start-up and
+graceful shutdown."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import msgspec
 from aiohttp import web
 
 from runtime.config import Config
+from runtime.dashboard import add_routes
+from runtime.decisions import header_from_config
 from runtime.messages import Snapshot
+from runtime.metrics import CONTENT_TYPE
+from runtime.observe import WriteTraces
 from runtime.openai_api import chat_completions, completions, error_response
 from runtime.system import System
 from runtime.ws import websocket
@@ -25,6 +30,7 @@ def build_app(system: System, config: Config) -> web.Application:
     app.router.add_get("/v1/ws", websocket)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    add_routes(app)
     return app
 
 
@@ -63,13 +69,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = await request.app["system"].telemetry.ask(Snapshot(format="prometheus"))
-    return web.Response(text=text, content_type="text/plain")
+    body = await request.app["system"].telemetry.ask(Snapshot(format="prometheus"))
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def serve(system: System, config: Config, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM; in-flight requests get their terminal events, then exit."""
     await system.start()
+    if config.server.trace_file:  # before any request: the file starts with the server
+        header = header_from_config(system.config, system.info.model_id, system.info.drafter)
+        await system.telemetry.ask(WriteTraces(path=config.server.trace_file, header=header))
     runner = web.AppRunner(build_app(system, config), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port)
