@@ -20,7 +20,7 @@ from runtime.metrics import Metrics
 from runtime.observe import DescribeTraffic, ExportTraces, RequestEnded, WriteTraces
 from runtime.traffic import Traffic
 
-TRACE_RING = 20_000  # decisions kept in memory (~20 minutes of steps at 60 ms)
+TRACE_RING = 20_000  # decisions kept (~20 minutes of steps at 60 ms; ~16 MB as JSON lines)
 DECIDERS = ("controller", "gate", "force", "off")
 
 
@@ -30,10 +30,11 @@ class Telemetry(Actor):
     def __init__(self, trace_ring: int = TRACE_RING):
         super().__init__(inbox_size=8192)
         self.metrics = Metrics()
-        self.traces: deque[StepTrace] = deque(maxlen=trace_ring)
+        self.traces: deque[bytes] = deque(maxlen=trace_ring)  # JSONL lines: a third of the structs' memory
         self.traffic = Traffic()
         self.trace_file = None
         self.refused: set[str] = set()  # samples that did not fit their family, logged once each
+        self.decider: str | None = None  # the latest step's, so its gauges are set only when it changes
 
     async def handle(self, msg):
         match msg:
@@ -68,20 +69,22 @@ class Telemetry(Actor):
             self.traffic.note_switch(dict(s.labels).get("to", ""), time.time())
 
     def note_step(self, trace: StepTrace) -> None:
-        self.traces.append(trace)
+        line = encode_line(trace)
+        self.traces.append(line)
         if self.trace_file is not None:
-            self.trace_file.write(encode_line(trace))
+            self.trace_file.write(line)
             self.trace_file.flush()
         self.traffic.note_step(trace)
         m = self.metrics
         for name, value in (("batch_width", trace.width), ("num_requests_running", trace.active),
                             ("num_requests_waiting", trace.waiting)):
             m.record(name, "gauge", float(value))
-        for decider in DECIDERS:
-            m.record("speculation_decider", "gauge", float(decider == trace.decision.decider),
-                     (("decider", decider),))
-        if trace.drafter != "none":
-            self.count_drafts(trace)
+        if trace.decision.decider != self.decider:
+            self.decider = trace.decision.decider
+            for decider in DECIDERS:
+                m.record("speculation_decider", "gauge", float(decider == self.decider), (("decider", decider),))
+        if trace.drafter != "none" and (any(trace.drafted) or not self.traffic.steps > 1):
+            self.count_drafts(trace)  # plain steps add nothing, but the first step makes the series exist
 
     def count_drafts(self, trace: StepTrace) -> None:
         """The spec_decode counters: one draft per row that verified drafts, tokens by position."""

@@ -79,7 +79,7 @@ async def traces(request: web.Request) -> web.Response:
     system = request.app["system"]
     records = await system.telemetry.ask(ExportTraces())
     header = header_from_config(system.config, system.info.model_id, system.info.drafter)
-    body = b"".join([encode_line(header), *map(encode_line, records)])
+    body = b"".join([encode_line(header), *records])
     return web.Response(body=body, content_type="application/x-ndjson")
 
 

@@ -91,18 +91,21 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.families: dict[str, tuple[Declared, object]] = {}
         self.maxima: dict[tuple, float] = {}  # (short, labels) -> largest observation, for /health
+        self.children: dict[tuple, tuple[str, object]] = {}  # (short, labels) -> (kind, series): one lookup a sample
 
     def record(self, short: str, kind: str, value: float, labels: tuple[tuple[str, str], ...] = ()) -> None:
-        declared, metric = self._family(short, kind, tuple(k for k, _ in labels))
-        if labels:
-            metric = metric.labels(**dict(labels))
-        if declared.kind == "counter":
-            metric.inc(value)
-        elif declared.kind == "gauge":
-            metric.set(value)
+        key = (short, labels)
+        found = self.children.get(key)
+        if found is None:
+            declared, metric = self._family(short, kind, tuple(k for k, _ in labels))
+            found = self.children[key] = declared.kind, metric.labels(**dict(labels)) if labels else metric
+        kind, series = found
+        if kind == "counter":
+            series.inc(value)
+        elif kind == "gauge":
+            series.set(value)
         else:
-            metric.observe(value)
-            key = (short, labels)
+            series.observe(value)
             self.maxima[key] = max(self.maxima.get(key, value), value)
 
     def _family(self, short: str, kind: str, label_names: tuple[str, ...]):

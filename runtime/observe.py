@@ -27,7 +27,7 @@ class RequestEnded(_Msg, frozen=True):
 
 
 class ExportTraces(_Msg, frozen=True):
-    """Ask: the decision ring, oldest first (a tuple of StepTrace)."""
+    """Ask: the decision ring, oldest first (a tuple of JSONL lines, each one StepTrace)."""
 
 
 class DescribeTraffic(_Msg, frozen=True):

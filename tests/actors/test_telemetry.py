@@ -112,7 +112,7 @@ async def test_gate_trace_replays_to_the_same_decisions_and_another_margin_diffe
     traffic = await telemetry.ask(DescribeTraffic())
     await stop(actors)
     header = TraceHeader(drafter="ngram", num_draft_tokens=3, gate=GATE)
-    header, steps = read_trace(io.BytesIO(b"".join([encode_line(header), *map(encode_line, records)])))
+    header, steps = read_trace(io.BytesIO(b"".join([encode_line(header), *records])))
     assert len(steps) == sum(r.verify_steps + r.plain_steps for r in receipts)
     same = replay(header, steps)
     assert same.actual.same == same.actual.steps == len(steps)
@@ -128,7 +128,7 @@ async def test_gate_trace_replays_to_the_same_decisions_and_another_margin_diffe
 async def test_controller_trace_replays_and_an_objective_changes_it():
     policy = controlled("auto", _table([10, 11, 12, 13], 0.6))
     receipts, telemetry, actors = await serve(policy, requests=2)
-    records = await telemetry.ask(ExportTraces())
+    _, records = read_trace(await telemetry.ask(ExportTraces()))
     await stop(actors)
     header = TraceHeader(drafter="ngram", num_draft_tokens=3, slack=0.1, mtp_max_seqs=32)
     assert {r.decision.decider for r in records} == {"controller"}
