@@ -109,7 +109,7 @@ class Scheduler(SpecStep, Actor):
         if choice.step is GateStep.MTP:
             await self.spec_step(batch, choice)
         else:
-            await self.plain_step(batch)
+            await self.plain_step(batch, chosen=choice.eligible > 0)
 
     async def calibrate_one(self) -> None:
         """One call of the self-calibration; the last one starts the online controller."""
@@ -196,7 +196,7 @@ class Scheduler(SpecStep, Actor):
         await self.observe("request_queue_time_seconds", time.monotonic() - seq.submitted_at - seconds)
         await self.emit(seq, [reply.token])
 
-    async def plain_step(self, batch: list[Sequence]) -> None:
+    async def plain_step(self, batch: list[Sequence], chosen: bool = False) -> None:
         ids = tuple(s.request_id for s in batch)
         # Start the next plain step early when it will likely be one: nobody waiting or prefilling
         # to join (a group that joins makes the owner drop that early step).
@@ -210,7 +210,7 @@ class Scheduler(SpecStep, Actor):
             return
         wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
         if (controller := self.policy.controller) is not None:
-            controller.record_plain(len(batch), wall * 1e3, joules)
+            controller.record_plain(len(batch), wall * 1e3, joules, chosen)
         for seq, token in zip(batch, reply.tokens):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall

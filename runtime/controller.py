@@ -148,9 +148,12 @@ class OnlineController:
         return out
 
     # --- what happened ---------------------------------------------------------------------------
-    def record_plain(self, width: int, ms: float, joules: float) -> None:
+    def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True) -> None:
+        """A plain step's cost. Only a step the controller chose plain (someone could have drafted)
+        pays into the exploration allowance: requests that never draft buy no exploration."""
         self.costs.observe("verify", width, 0, ms, joules)
-        self.budget.note_plain(ms)
+        if chosen:
+            self.budget.note_plain(ms)
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
                     draft_width: int, draft_ms: float, draft_j: float, tokens: int) -> None:

@@ -14,6 +14,7 @@ Pure policy (no asyncio, no MLX, no clock): the scheduler passes measured wall t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from runtime.controller import OnlineController, Plan
@@ -30,6 +31,7 @@ class StepChoice:
     depths: tuple[int, ...]  # drafts to ask of each sequence (0: a plain row)
     pinned: bool = False  # run under the entry pin: not recorded by the gate
     exploring: bool = False  # run to learn, charged to the exploration budget
+    eligible: int = 0  # sequences that could have drafted this step
 
 
 class SpeculationPolicy:
@@ -73,6 +75,7 @@ class SpeculationPolicy:
             choice = self._controlled(batch, eligible)
         else:
             choice = self._gated(batch, eligible, context_depth) or plain
+        choice = dataclasses.replace(choice, eligible=sum(eligible))
         self.last = choice
         return choice
 

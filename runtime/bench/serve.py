@@ -104,8 +104,29 @@ def measure(model_dir, extra: list[str], sets: dict[str, list[str]], args, plain
         print(f"server: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
         client = openai_client(server.url)
         warm_up(client, args.max_tokens, plain_too=plain)
-        return {name: drive(pool, client, texts, args.clients, args.max_tokens, plain)
-                for name, texts in sets.items()}
+        result = {name: drive(pool, client, texts, args.clients, args.max_tokens, plain)
+                  for name, texts in sets.items()}
+        print(controller_summary(server.url), flush=True)
+        return result
+
+
+def controller_summary(url: str) -> str:
+    """Where the controller's prior came from and what exploration cost, from the server's /health."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        spec = json.load(r)["scheduler"]["speculation"]
+    ctl = spec.get("controller")
+    if not ctl:
+        return f"controller: none (decider {spec.get('decider')})"
+    costs, explore = ctl["cost_model"], ctl["exploration"]
+    plain_ms = explore["earned_ms"] / explore["share"] if explore["share"] else 0.0
+    share = explore["spent_ms"] / plain_ms if plain_ms else 0.0
+    return (f"controller: prior {costs['prior_source']} (measured on {costs['prior_machine']!r}), "
+            f"{costs['observations']} steps observed, scale to prior {costs['scale_to_prior']}; "
+            f"exploration {explore['steps']} steps lost {explore['spent_ms']:.0f} ms = {share:.2%} of "
+            f"{plain_ms / 1e3:.1f} s of plain decode; phases {ctl['phase_acceptance']}")
 
 
 def drive(pool, client, texts: list[str], clients: int, max_tokens: int, plain: bool) -> list[tuple]:

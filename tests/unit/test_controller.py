@@ -94,3 +94,10 @@ def test_the_learned_table_is_saved_and_is_the_next_starts_prior(tmp_path, monke
     table, source = load_prior("m", "mtp", str(tmp_path), "this cpu", log)
     assert source == "cache" and table.verify == saved.verify
     assert load_prior("m", "mtp", str(tmp_path), "another cpu", log)[1] == "foreign-cache"
+
+
+def test_plain_steps_of_requests_that_never_draft_buy_no_exploration():
+    ctl = controller()
+    for _ in range(100):
+        ctl.record_plain(1, 80.0, 1.6, chosen=False)  # e.g. disable_mtp: nobody could have drafted
+    assert ctl.budget.earned_ms == 0.0 and ctl.costs.observations == 100
