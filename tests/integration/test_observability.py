@@ -13,8 +13,6 @@ import shutil
 import threading
 import time
 import urllib.request
-from pathlib import Path
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,8 +30,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def gate_server(model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gate-server")
     trace = tmp / "trace.jsonl"
-    proc = ServerProcess(tmp, extra=("--spec-cost-model", "off", "--mtp-gate", "auto", "--gate-window-steps", "4",
-                                     "--trace-file", str(trace)))
+    proc = ServerProcess(tmp, extra=("--spec-cost-model", "off", "--mtp-gate", "auto",
+                                     "--gate-window-steps", "4", "--trace-file", str(trace)))
     proc.trace_file = trace
     yield proc
     proc.stop()
@@ -56,7 +54,8 @@ def scrape(url: str) -> dict[tuple, float]:
 
 
 def total(samples: dict, name: str, **labels) -> float:
-    return sum(v for (n, ls), v in samples.items() if n == name and all(dict(ls).get(k) == x for k, x in labels.items()))
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and all(dict(ls).get(k) == x for k, x in labels.items()))
 
 
 def test_metrics_count_exactly_what_the_receipts_say(gate_server):
@@ -75,7 +74,8 @@ def test_metrics_count_exactly_what_the_receipts_say(gate_server):
     assert delta(f"{spec}_draft_tokens_total") == sum(r["drafted_tokens"] for r in receipts)
     assert delta(f"{spec}_accepted_tokens_total") == sum(r["accepted_tokens"] for r in receipts)
     for position in range(3):
-        expected = sum(r["accepted_by_position"][position] for r in receipts if len(r["accepted_by_position"]) > position)
+        expected = sum(r["accepted_by_position"][position] for r in receipts
+                       if len(r["accepted_by_position"]) > position)
         assert delta(f"{spec}_accepted_tokens_per_pos_total", position=str(position)) == expected
     phase = "metrale_sched_phase_seconds_count"
     assert delta(phase, phase="step_mtp") == sum(r["verify_steps"] for r in receipts)
@@ -93,7 +93,8 @@ def test_a_recorded_trace_replays_to_every_decision_and_another_margin_differs(g
     with urllib.request.urlopen(gate_server.url + "/v1/traces", timeout=5) as r:
         ring = r.read()
     header, steps = read_trace(ring.splitlines())
-    assert header.gate.window_steps == 4 and header.drafter == gate_server.health()["scheduler"]["speculation"]["drafter"]
+    drafter = gate_server.health()["scheduler"]["speculation"]["drafter"]
+    assert header.gate.window_steps == 4 and header.drafter == drafter
     assert steps[0].step == 1 and {s.decision.decider for s in steps} == {"gate"}
     same = replay(header, steps)
     assert same.actual.same == len(steps)  # every recorded decision, exactly
@@ -133,7 +134,8 @@ def test_dashboard_json_has_every_block(gate_server):
     assert d["acceptance"]["drafted_by_position"] and d["last_decision"]["decision"]["decider"] == "gate"
 
 
-FIGURES = {"num_drafts": lambda d: d["acceptance"]["num_drafts"], "draft_tokens": lambda d: d["acceptance"]["draft_tokens"],
+FIGURES = {"num_drafts": lambda d: d["acceptance"]["num_drafts"],
+           "draft_tokens": lambda d: d["acceptance"]["draft_tokens"],
            "accepted_tokens": lambda d: d["acceptance"]["accepted_tokens"], "steps": lambda d: d["steps"],
            "ttft_count": lambda d: d["distributions"]["ttft"]["count"], "requests": lambda d: len(d["requests"])}
 
