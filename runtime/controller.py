@@ -63,6 +63,44 @@ class Plan:
         return any(self.depths)
 
 
+@dataclass(frozen=True)
+class SeqView:
+    objective: str
+    mean: tuple[float, ...]  # P(accept) at draft positions 1..max_k
+    upper: tuple[float, ...]  # its upper bounds
+
+
+def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, mtp_max_seqs: int,
+              explore: bool, allowance_ms: float | None) -> Plan:
+    """Each sequence's depth (None: not eligible, a plain row) by its objective at the batch's width;
+    where none pays, the upper bounds' depths if the allowance covers the expected loss (None: no
+    exploration). The one implementation the served path and `metrale replay` both run."""
+    n = len(views)
+
+    def depth(view: SeqView | None, upper: bool) -> int:
+        if view is None:
+            return 0
+        return propose_depth(n, table=table, prior=view.upper if upper else view.mean, max_k=max_k,
+                             slack=slack, mtp_max_seqs=mtp_max_seqs, objective=view.objective).depth
+
+    depths = tuple(depth(v, False) for v in views)
+    if any(depths) or not explore or allowance_ms is None:
+        return Plan(depths)
+    upper = tuple(depth(v, True) for v in views)
+    if any(upper) and allowance_ms >= expected_loss(table, views, upper):
+        return Plan(upper, exploring=True)
+    return Plan(depths)
+
+
+def expected_loss(table, views: list[SeqView | None], depths: tuple[int, ...]) -> float:
+    """ms a step at these depths is expected to lose against plain decode, at the mean acceptance
+    (a plain row emits one token: expected_tokens of no drafts)."""
+    n = len(views)
+    tokens = sum(expected_tokens(v.mean[:d] if v else ()) for v, d in zip(views, depths))
+    plain = table.step_cost(n, 0).ms
+    return max(0.0, table.step_cost(n, max(depths)).ms - plain * tokens / n)
+
+
 class OnlineController:
     def __init__(self, costs: OnlineCostModel, *, max_k: int, slack: float, mtp_max_seqs: int,
                  budget: ExplorationBudget | None = None):
@@ -105,33 +143,19 @@ class OnlineController:
         if n > self.mtp_max_seqs or not any(eligible):
             return Plan((0,) * n)
         table = self.costs.table()
-        depths = tuple(self._depth(seq, n, table) if ok else 0 for seq, ok in zip(batch, eligible))
+        views = [self.view(seq) if ok else None for seq, ok in zip(batch, eligible)]
+        plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
+                         explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None)
+        for seq, depth in zip(batch, plan.depths):
+            self.control(seq).depth = depth
         self._note_phase_decisions(batch, eligible, n, table)
-        if any(depths) or not explore:
-            return Plan(depths)
-        upper = tuple(self._depth(seq, n, table, upper=True) if ok else 0 for seq, ok in zip(batch, eligible))
-        if any(upper) and self.budget.can_explore(self._expected_loss(batch, upper, n)):
-            return Plan(upper, exploring=True)
-        return Plan(depths)
+        return plan
 
-    def _depth(self, seq, n: int, table, upper: bool = False) -> int:
+    def view(self, seq) -> SeqView:
+        """What the plan reads of one sequence: its objective and acceptance (mean, upper bound)."""
         ctl = self.control(seq)
         acc = ctl.acceptance
-        probs = acc.upper(ctl.phase, self.max_k) if upper else acc.mean(ctl.phase, self.max_k)
-        choice = propose_depth(n, table=table, prior=probs, max_k=self.max_k, slack=self.slack,
-                               mtp_max_seqs=self.mtp_max_seqs, objective=ctl.objective)
-        if not upper:
-            ctl.depth = choice.depth
-        return choice.depth
-
-    def _expected_loss(self, batch, depths: tuple[int, ...], n: int) -> float:
-        """ms an exploring step is expected to lose against plain decode, at the mean acceptance."""
-        k = max(depths)
-        plain = self.costs.table().step_cost(n, 0).ms
-        tokens = sum(expected_tokens(self.control(s).acceptance.mean(self.control(s).phase, d))
-                     for s, d in zip(batch, depths))
-        tokens += n - sum(1 for d in depths if d)  # plain rows emit one token each
-        return max(0.0, self.costs.table().step_cost(n, k).ms - plain * tokens / n)
+        return SeqView(ctl.objective, acc.mean(ctl.phase, self.max_k), acc.upper(ctl.phase, self.max_k))
 
     def _note_phase_decisions(self, batch, eligible, n: int, table) -> None:
         """Each phase's own decision at this width, from its prior alone: a flip is traced."""
@@ -188,8 +212,8 @@ class OnlineController:
         ctl = self.requests.get(seq.request_id)
         if ctl is None:
             return None
-        acc = ctl.acceptance
-        return ctl.objective, ctl.phase.value, acc.mean(ctl.phase, self.max_k), acc.upper(ctl.phase, self.max_k)
+        view = self.view(seq)
+        return view.objective, ctl.phase.value, view.mean, view.upper
 
     def snapshot(self, active=()) -> dict:
         return {"cost_model": self.costs.snapshot(), "phase_acceptance": self.priors.snapshot(),

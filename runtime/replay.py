@@ -27,7 +27,8 @@ from runtime.cost_table import Cost, CostTable, TableMeta
 from runtime.decisions import StepTrace, TraceHeader
 from runtime.eligibility import entry_pin_forces_verify
 from runtime.gate import GateStep, MtpGate
-from runtime.plan import expected_tokens, propose_depth
+from runtime.controller import SeqView, plan_step
+from runtime.plan import expected_tokens
 
 
 @dataclass(frozen=True)
@@ -158,36 +159,17 @@ def table_at(trace: StepTrace) -> CostTable:
 
 
 def controller_choice(trace: StepTrace, header: TraceHeader, slack: float, objective: str | None) -> Choice:
-    """SpeculationPolicy._controlled and OnlineController.plan, on what the decision read."""
+    """The controller's plan (runtime/controller.py plan_step, the same code) on what the decision read."""
     d, ctl, n = trace.decision, trace.decision.controller, trace.width
     plain = Choice("plain", (0,) * n)
     if not any(d.eligible) or n > header.mtp_max_seqs:
         return plain
     table = table_at(trace)
-
-    def depth(seq, upper: bool) -> int:
-        if seq is None:
-            return 0
-        probs = seq.upper if upper else seq.mean
-        return propose_depth(n, table=table, prior=probs, max_k=header.num_draft_tokens, slack=slack,
-                             mtp_max_seqs=header.mtp_max_seqs, objective=objective or seq.objective).depth
-
-    depths = tuple(depth(s, False) if ok else 0 for s, ok in zip(ctl.seqs, d.eligible))
-    if any(depths) or not ctl.explore:
-        return Choice("mtp" if any(depths) else "plain", depths)
-    upper = tuple(depth(s, True) if ok else 0 for s, ok in zip(ctl.seqs, d.eligible))
-    if any(upper) and ctl.share > 0 and ctl.allowance_ms >= max(expected_loss(table, ctl.seqs, upper, n), 0.0):
-        return Choice("mtp", upper, exploring=True)
-    return Choice("mtp" if any(depths) else "plain", depths)
-
-
-def expected_loss(table: CostTable, seqs, depths: tuple[int, ...], n: int) -> float:
-    """OnlineController._expected_loss as it stands: every row adds expected_tokens of its prefix (1 for a
-    plain row), and plain rows then add 1 more."""
-    plain = table.step_cost(n, 0).ms
-    tokens = sum(expected_tokens(s.mean[:d] if s else ()) for s, d in zip(seqs, depths))
-    tokens += n - sum(1 for d in depths if d)
-    return max(0.0, table.step_cost(n, max(depths)).ms - plain * tokens / n)
+    views = [SeqView(objective or s.objective, s.mean, s.upper) if ok and s is not None else None
+             for s, ok in zip(ctl.seqs, d.eligible)]
+    plan = plan_step(views, table, max_k=header.num_draft_tokens, slack=slack, mtp_max_seqs=header.mtp_max_seqs,
+                     explore=ctl.explore, allowance_ms=ctl.allowance_ms if ctl.share > 0 else None)
+    return Choice("mtp" if plan.speculates else "plain", plan.depths, exploring=plan.exploring)
 
 
 def controller_delivery(trace: StepTrace, choice: Choice, measured: Measured) -> Delivered:
