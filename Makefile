@@ -7,12 +7,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup system-deps model clean-venv
+.PHONY: serve test setup system-deps browser model clean-venv
 
 serve: setup model
 	$(BIN)/metrale serve --host $(HOST) --port $(PORT)
 
-test: setup model
+test: setup model browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 setup: system-deps $(STAMP)
@@ -23,6 +23,14 @@ system-deps:
 		echo "installing libopenblas0-pthread"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libopenblas0-pthread; \
+	fi
+
+# The dashboard's test drives a real headless browser (Debian's chromium); only the tests need it.
+browser:
+	@if [ -f /etc/debian_version ] && [ ! -x /usr/bin/chromium ]; then \
+		echo "installing chromium (for the dashboard test)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; \
 	fi
 
 $(STAMP): pyproject.toml
