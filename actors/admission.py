@@ -4,7 +4,10 @@ Wire checks (max_tokens range, empty prompt or messages) are made once, in runti
 admission keeps the rules that need the tokenizer or the model's context length.
 
 Receives Submit (ask: replies Admitted, or raises Rejected with a 4xx) and Ended. Sends Admitted to
-the scheduler. In hyper mode it is the HyperAdmissionGate of spec/hyper.md with a cap of one active.
+the scheduler, in arrival order, in every mode. In hyper mode the HyperAdmissionGate of spec/hyper.md
+(runtime/hyper.py) takes each request's ticket as the scheduler receives it and binds the request to
+its run there, one at a time: the gate's tickets must live with the runs they settle, and only the
+scheduler runs requests; admission's own rules (the pending limit, the context) stay the same.
 """
 
 from __future__ import annotations

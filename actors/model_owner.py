@@ -1,7 +1,8 @@
 """Model owner: the only actor that calls MLX, every call on one dedicated thread.
 
 Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch, TimeCell (asks:
-replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed) and Release,
+replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed), CanBranch,
+ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified) and Release,
 Rollback (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
@@ -17,8 +18,9 @@ from typing import Any, assert_never
 from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
-    Decode, Decoded, Drafted, ModelInfo, Prefill, PrefillChunk, Prefilled, PrefillProgress, Propose, ProposeMany,
-    CellTimed, Quantization, Release, Rollback, TimeCell, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
+    Branching, CanBranch, Decode, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
+    PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, TimeCell,
+    TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
 )
 
 
@@ -69,7 +71,7 @@ class ModelOwner(Actor):
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
-                     | VerifyBatch | Rollback | TimeCell) -> Any:
+                     | VerifyBatch | Rollback | TimeCell | CanBranch | ProposeTree | VerifyTree) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
@@ -92,6 +94,12 @@ class ModelOwner(Actor):
                 return await self.on_thread(self.engine.release, msg.seq_id)
             case TimeCell():
                 return await self.on_thread(self._time_cell, msg)
+            case CanBranch():
+                return await self.on_thread(self._can_branch)
+            case ProposeTree():
+                return await self.on_thread(self._propose_tree, msg)
+            case VerifyTree():
+                return await self.on_thread(self._verify_tree, msg)
             case _:
                 assert_never(msg)
 
@@ -147,3 +155,29 @@ class ModelOwner(Actor):
         seconds = time.perf_counter() - started
         return VerifiedBatch(results=tuple(Verified(accepted=a, emitted=tuple(e), seconds=seconds) for a, e in results),
                              seconds=seconds)
+
+    def _can_branch(self) -> Branching:
+        from kernels.tree_verify import can_branch
+
+        if self.batched:
+            return Branching(ok=False, reason="mtp_batch keeps its sequences in one batch cache")
+        if not can_branch(self.engine.model):
+            return Branching(ok=False, reason="the model's attention has no RoPE module to place tree nodes")
+        if self.engine.drafter is not None and not hasattr(self.engine.drafter, "propose_tree"):
+            return Branching(ok=False, reason=f"the {self.info.drafter} drafter drafts chains only")
+        return Branching(ok=True)
+
+    def _propose_tree(self, msg: ProposeTree) -> DraftedTree:
+        started = time.perf_counter()
+        spine, confidences, alternatives = self.engine.propose_tree(msg.seq_id, msg.k, msg.top)
+        return DraftedTree(tokens=tuple(spine), confidences=tuple(confidences),
+                           alternatives=tuple(tuple((t, p) for t, p in alts) for alts in alternatives),
+                           seconds=time.perf_counter() - started)
+
+    def _verify_tree(self, msg: VerifyTree) -> TreeVerified:
+        from kernels.tree import DraftTree
+
+        started = time.perf_counter()
+        result = self.engine.verify_tree(msg.seq_id, DraftTree(msg.tokens, msg.parents, msg.leaves), msg.layout)
+        return TreeVerified(accepted=result.accepted, emitted=tuple(result.emitted), branch=result.branch,
+                            branch_accepted=tuple(result.branch_accepted), seconds=time.perf_counter() - started)

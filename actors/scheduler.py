@@ -1,8 +1,9 @@
 """Scheduler: owns sequences and forms each step from the scheduler mode.
 
 Receives Admitted, Cancel, Describe (ask: its state) and FailInFlight (fail every request held).
-Sends Prefill / Decode / Release / TimeCell to the model owner, Draft to the drafter and
-VerifyDrafts to the verifier (the speculative step), TokensEmitted and one terminal event
+Sends Prefill / Decode / Release / TimeCell to the model owner (and, in hyper mode's draft trees,
+CanBranch / ProposeTree / VerifyTree), Draft to the drafter and VerifyDrafts to the verifier (the
+speculative step), TokensEmitted and one terminal event
 (Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
 """
 
@@ -14,6 +15,7 @@ from collections import deque
 from typing import assert_never
 
 
+from actors.scheduler_hyper import HyperPath
 from actors.scheduler_spec import SpecStep
 from runtime.actor import Actor
 from runtime.gate import GateStep
@@ -35,7 +37,7 @@ from runtime.text import IncrementalText, TextCodec
 PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown
 
 
-class Scheduler(SpecStep, Actor):
+class Scheduler(SpecStep, HyperPath, Actor):
     name = "scheduler"
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
@@ -58,6 +60,7 @@ class Scheduler(SpecStep, Actor):
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
         self.consulted = None  # what the latest decision read, for its trace
+        self.hyper_setup()  # hyper mode: the bound run, and the width executor (actors/scheduler_hyper.py)
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -82,6 +85,7 @@ class Scheduler(SpecStep, Actor):
             case Admitted():
                 text = IncrementalText(self.codec, msg.params.stop)
                 self.waiting.append(Sequence(msg.request_id, msg.prompt_ids, msg.params, text, msg.submitted_at))
+                self.mode.note_admitted(self.waiting[-1])
             case Cancel():
                 await self.cancel(msg.request_id, msg.reason)
             case Describe():
@@ -94,20 +98,25 @@ class Scheduler(SpecStep, Actor):
                 assert_never(msg)
 
     async def step(self) -> None:
+        if self.mode.name == "hyper":  # runs bound through the hyper gate, serial's steps inside
+            return await self.hyper_step()
         if self.mode.chunked_prefill:
             await self.prefill_chunk()
         else:
             for seq in self.mode.admit(self.waiting, self.active):
                 await self.prefill(seq)
-        batch = self.mode.decode_batch(self.active)
-        if not batch:
-            return
+        if batch := self.mode.decode_batch(self.active):
+            await self.decode_step(batch)
+
+    async def decode_step(self, batch: list[Sequence]) -> None:
+        """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth)
         self.consulted = consult(self.policy, batch, choice, depth)
         if choice.step is GateStep.MTP:
-            await self.spec_step(batch, choice)
+            if self.widening is None or not await self.widening.widen(batch, choice):
+                await self.spec_step(batch, choice)
         else:
             await self.plain_step(batch, chosen=choice.eligible > 0)
 
@@ -298,6 +307,7 @@ class Scheduler(SpecStep, Actor):
 
     async def _leave(self, seq: Sequence) -> None:
         self.policy.end(seq)
+        self.mode.note_left(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         if self.active.pop(seq.request_id, None) is not None and not self.owner.closing:

@@ -22,8 +22,20 @@ class SpecStep:
         started, energy = time.perf_counter(), self.meter.read()
         try:
             drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
-            if not any(drafts):  # nothing to propose: this step decodes plainly
-                return await self.plain_step(batch)
+        except ActorFailure as e:
+            for seq in batch:
+                await self.fail(seq, e)
+            return
+        await self.verify_drafts(batch, choice, drafts, started, energy)
+
+    async def verify_drafts(self, batch: list[Sequence], choice: StepChoice, drafts: list[Drafted | None],
+                            started: float, energy) -> float | None:
+        """Verify the step's drafts in one target forward, roll each back, record the step's costs and
+        outcomes; the verify ms (None where nothing was verified)."""
+        if not any(drafts):  # nothing to propose: this step decodes plainly
+            await self.plain_step(batch)
+            return None
+        try:
             drafted_at, drafted_energy = time.perf_counter(), self.meter.read()
             rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
                                       use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
@@ -32,7 +44,7 @@ class SpecStep:
         except ActorFailure as e:
             for seq in batch:
                 await self.fail(seq, e)
-            return
+            return None
         wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
         tokens = sum(len(r.emitted) for r in results)
         if (controller := self.policy.controller) is not None:
@@ -53,6 +65,7 @@ class SpecStep:
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
         outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
         await self.after_step(choice, wall, batch, tokens, joules, outcomes)
+        return (started + wall - drafted_at) * 1e3
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""

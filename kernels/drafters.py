@@ -3,7 +3,8 @@
 Both keep their own KV cache in step with the target's committed tokens. The engine calls:
 fed(state, tokens, hidden) for every plain or prefill forward of the target; undo_feed(state) when a
 lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
-after a verify forward; commit(state, drafted, accepted, emitted) after acceptance.
+after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
+also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
 (N-gram lookup needs no model and runs in the drafter actor itself.)
 """
 
@@ -70,6 +71,36 @@ class MtpDrafter:
                               temperature=state.temperature, top_p=state.top_p, key=key)
         return out.ids, out.logprobs, out.probs
 
+    def propose_tree(self, state, k: int, top: int):
+        """The greedy chain of propose (the spine, at any temperature: tree drafts are deterministic)
+        and, at each depth, the head's next `top` candidates with their probabilities."""
+        d = self._own(state)
+        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
+        h, t = self._take_pairs(d)
+        d["unpaired"] = d["undo"] = None
+        head, cache = self.head, d["cache"]
+        x = head.forward(h.reshape(1, -1, h.shape[-1]), t.astype(mx.int32).reshape(1, -1), self.embed, self.norm,
+                         cache)[:, -1:, :]
+        ids, logprobs, tops = [], [], []
+        for depth in range(k):  # as MTPHead.draft at temperature 0, plus the candidates
+            logits = head.draft_logits(x, self.lm_head)[0, 0]
+            logprobs.append(top1_logprob(logits))
+            ids.append(_full(head, greedy(logits)))
+            probs = mx.softmax(logits.astype(mx.float32))
+            order = mx.argsort(-probs)[:top + 1]
+            tops.append((_full(head, order), probs[order]))
+            if depth + 1 < k:
+                x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache)
+        for layer_cache in cache:
+            layer_cache.trim(k - 1)
+        ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
+        top_ids, top_probs = mx.stack([i for i, _ in tops]), mx.stack([p for _, p in tops])
+        mx.eval(ids_array, logprob_array, top_ids, top_probs)
+        spine = ids_array.tolist()
+        alternatives = [[(i, p) for i, p in zip(row_ids, row_probs) if i != spine[depth]][:top]
+                        for depth, (row_ids, row_probs) in enumerate(zip(top_ids.tolist(), top_probs.tolist()))]
+        return spine, logprob_array.tolist(), alternatives
+
     def verified(self, state, hidden: mx.array) -> None:
         self._own(state)["verify_hidden"] = hidden
 
@@ -95,6 +126,11 @@ class MtpDrafter:
         h, t = mx.concatenate(d["hidden"]), mx.concatenate(d["tokens"])
         d["hidden"], d["tokens"], d["pending"] = [], [], 0
         return h, t
+
+
+def _full(head: MTPHead, ids: mx.array) -> mx.array:
+    """Draft-vocabulary ids as the target's (a reduced head maps them back)."""
+    return head.vocab_map[ids] if head.reduced else ids
 
 
 class DraftModelDrafter:

@@ -161,6 +161,22 @@ class Engine:
         ids, confidences, state.draft_probs = self.drafter.propose(state, k)
         return ids, confidences
 
+    def propose_tree(self, seq_id: str, k: int, top: int):
+        """The model-side drafter's spine of k drafts, its confidences, and at each depth its next
+        `top` candidates (token, probability): the makings of a draft tree (kernels/tree.py)."""
+        state = self.seqs[seq_id]
+        if not state.drafts or not hasattr(self.drafter, "propose_tree"):
+            raise ValueError(f"sequence {seq_id} cannot draft a tree with this drafter")
+        self.settle(state)
+        state.draft_probs = None  # tree drafts are deterministic
+        return self.drafter.propose_tree(state, k, top)
+
+    def verify_tree(self, seq_id: str, tree, layout: str = "mask"):
+        """One target forward over a draft tree, the walk, the roll back to the kept path."""
+        from kernels.tree_verify import verify_rows, verify_tree
+
+        return (verify_tree if layout == "mask" else verify_rows)(self, seq_id, tree)
+
     def verify(self, seq_id: str, drafts: list[int], use_draft_probs: bool) -> tuple[int, list[int]]:
         """One target forward over [last, d_1..d_K]; returns (accepted count, emitted tokens)."""
         if self.batch is not None:

@@ -49,6 +49,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     prefill_steps_per_chunk: doc(float, "mtp_batch: a prefill chunk costs about this many decode steps") = 4.0
     prefill_floor: doc(int, "mtp_batch: smallest prefill chunk (padded tokens)") = 256
     prefill_ceiling: doc(int, "mtp_batch: largest prefill chunk (padded tokens)") = 8192
+    hyper_width_executor: doc(Literal["tree", "none"], "hyper: tree lets a speculative step verify alternative "
+                                                       "drafts beside its chain where measured to pay; none: "
+                                                       "width 1, the serial path") = "tree"
+    hyper_max_width: doc(int, "hyper: branches of a draft tree at most (the chain and width - 1 alternatives)") = 4
 
 
 class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -132,9 +136,13 @@ def validate(config: Config) -> Config:
         raise ConfigError("mtp_max_seqs must be at least 1")
     if sched.batch_wait_ms < 0:
         raise ConfigError("--batch-wait-ms must not be negative")
-    if sched.mode in ("serial", "hyper") and sched.max_active_requests > 1:
+    if sched.mode == "hyper":
+        _check_hyper(sched)
+    if sched.mode == "serial" and sched.max_active_requests > 1:
         raise ConfigError(f"--scheduler-mode {sched.mode} admits one request at a time: "
                           f"--max-active-requests must be 1, not {sched.max_active_requests}")
+    if not 1 <= sched.hyper_max_width <= 16:
+        raise ConfigError("--hyper-max-width must be in 1..16")
     if adm.max_pending < 1 or adm.max_tokens_limit < 1:
         raise ConfigError("admission limits must be at least 1")
     if not 1 <= config.spec.num_draft_tokens <= 16:
@@ -150,3 +158,22 @@ def validate(config: Config) -> Config:
     if config.spec.drafter == "draft-model" and not config.spec.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     return config
+
+BATCH_ONLY = ("prefill_group", "prefill_steps_per_chunk", "prefill_floor", "prefill_ceiling")
+
+
+def _check_hyper(sched: SchedulerConfig) -> None:
+    """spec/hyper.md's single-request contract: one request in the model at a time, no gather window,
+    no batch settings (a queue still takes many clients, served one at a time in arrival order)."""
+    if sched.max_active_requests > 1:
+        raise ConfigError(f"--scheduler-mode hyper admits one request at a time (its admission cap is 1; "
+                          f"other clients wait in the queue): --max-active-requests must be 1, "
+                          f"not {sched.max_active_requests}")
+    if sched.batch_wait_ms > 0:
+        raise ConfigError(f"--scheduler-mode hyper never holds a gather window: --batch-wait-ms must be 0, "
+                          f"not {sched.batch_wait_ms:g}")
+    defaults = SchedulerConfig()
+    changed = ["--" + f.replace("_", "-") for f in BATCH_ONLY if getattr(sched, f) != getattr(defaults, f)]
+    if changed:
+        raise ConfigError(f"--scheduler-mode hyper builds no batches: {', '.join(changed)} "
+                          f"{'applies' if len(changed) == 1 else 'apply'} to --scheduler-mode mtp_batch only")

@@ -256,6 +256,50 @@ class Rollback(_Msg, frozen=True):
     emitted: tuple[int, ...]
 
 
+# --- hyper mode's width executor -> model owner: draft trees (kernels/tree.py) -----------------------
+
+class CanBranch(_Msg, frozen=True):
+    """Ask the owner whether its model and drafter can verify draft trees; replies Branching."""
+
+
+class Branching(_Msg, frozen=True):
+    ok: bool
+    reason: str = ""  # why not, where not
+
+
+class ProposeTree(_Msg, frozen=True):
+    """The model-side drafter's spine of k drafts and, at each depth, its next `top` candidates."""
+
+    seq_id: str
+    k: int
+    top: int
+
+
+class DraftedTree(_Msg, frozen=True):
+    tokens: tuple[int, ...]  # the spine: the chain Propose would have drafted (greedy, at any temperature)
+    confidences: tuple[float, ...]
+    alternatives: tuple[tuple[tuple[int, float], ...], ...]  # per depth: (token, probability), best first
+    seconds: float
+
+
+class VerifyTree(_Msg, frozen=True):
+    """One target forward over a draft tree; the owner walks it and keeps the accepted path."""
+
+    seq_id: str
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    leaves: tuple[int, ...]
+    layout: Literal["mask", "rows"] = "mask"
+
+
+class TreeVerified(_Msg, frozen=True):
+    accepted: int
+    emitted: tuple[int, ...]
+    branch: int  # the branch whose path was kept (0: the spine)
+    branch_accepted: tuple[int, ...]  # what each branch alone would have had accepted
+    seconds: float
+
+
 # --- every actor -> telemetry -------------------------------------------------------------------
 
 class Describe(_Msg, frozen=True):

@@ -6,6 +6,9 @@ Pure policy over the scheduler's containers; the scheduler does the work.
   as soon as they end; a group of newcomers prefills in chunks between the running batch's steps
   (runtime/prefill_budget.py sizes them); the batch speculates when the gate says it pays (spec/plan.md caps it at
   mtp_max_seqs).
+- hyper: serial's one request at a time, each run bound through the HyperAdmissionGate
+  (runtime/hyper.py, spec/hyper.md): width 1 runs the serial closure itself; the tree width executor
+  (actors/scheduler_tree.py) runs it too and widens its speculative steps with alternative drafts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import Counter, deque
 from typing import Protocol
 
 from runtime.config import ConfigError, SchedulerConfig
+from runtime.hyper import HyperAdmissionGate, HyperTicket
 from runtime.sequence import Sequence, Status
 
 
@@ -31,6 +35,10 @@ class SchedulerMode(Protocol):
     def note_step(self, kind: str, width: int, rows_verified: int, accepted: int) -> None: ...
 
     def describe(self) -> dict: ...
+
+    def note_admitted(self, seq: Sequence) -> None: ...
+
+    def note_left(self, seq: Sequence) -> None: ...
 
 
 def _decoding(active: dict[str, Sequence]) -> list[Sequence]:
@@ -59,7 +67,42 @@ class SerialMode:
         self.steps[kind] += 1
 
     def describe(self) -> dict:
-        return {"serial": {"steps_by_kind": dict(self.steps)}}
+        return {"serial": {"steps_by_kind": dict(self.steps)}, "hyper": {}}
+
+    def note_admitted(self, seq) -> None:
+        pass
+
+    def note_left(self, seq) -> None:
+        pass
+
+
+class HyperMode(SerialMode):
+    """Serial's order and steps; each request's ticket is taken on arrival and bound when it starts."""
+
+    name = "hyper"
+
+    def __init__(self, width_executor: str = "tree", max_width: int = 4):
+        super().__init__()
+        self.width_executor, self.max_width = width_executor, max_width  # the scheduler installs it
+        self.gate = HyperAdmissionGate()
+        self.tickets: dict[str, HyperTicket] = {}
+
+    def note_admitted(self, seq) -> None:
+        self.tickets[seq.request_id] = self.gate.admit(request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids))
+
+    def note_left(self, seq) -> None:
+        ticket = self.tickets.pop(seq.request_id, None)
+        if ticket is not None:
+            self.gate.release(ticket)  # counted abandoned if it never started; a run settles its own
+
+    def bind(self, seq, singleton):
+        mode = "ar" if seq.params.disable_mtp else "mtp"
+        return self.gate.bind(self.tickets[seq.request_id], singleton, generation_mode=mode)
+
+    def describe(self) -> dict:
+        executor = self.gate.executor
+        tree = executor.snapshot() if hasattr(executor, "snapshot") else None
+        return {"hyper": {**self.gate.snapshot(), "steps_by_kind": dict(self.steps), "tree": tree}}
 
 
 class MtpBatchMode:
@@ -91,6 +134,12 @@ class MtpBatchMode:
         self.rows_verified += rows_verified
         self.accepted += accepted
 
+    def note_admitted(self, seq) -> None:
+        pass
+
+    def note_left(self, seq) -> None:
+        pass
+
     def describe(self) -> dict:
         acceptance = self.accepted / self.rows_verified if self.rows_verified else None
         return {"mtp_batch": {"batch_width_histogram": dict(sorted(self.width_histogram.items())),
@@ -104,4 +153,6 @@ def make_mode(config: SchedulerConfig) -> SchedulerMode:
         return SerialMode()
     if config.mode == "mtp_batch":
         return MtpBatchMode(config.max_active_requests, config.batch_wait_ms, config.prefill_group)
-    raise ConfigError(f"--scheduler-mode {config.mode} is not available yet (serial and mtp_batch are)")
+    if config.mode == "hyper":
+        return HyperMode(config.hyper_width_executor, config.hyper_max_width)
+    raise ConfigError(f"--scheduler-mode {config.mode} is not a scheduler mode (serial, mtp_batch, hyper)")

@@ -1,0 +1,171 @@
+"""Hyper mode's width executor: draft trees from one request (spec/hyper.md's width seam, used).
+
+Part of the scheduler actor (it runs inside the scheduler's task and uses its peers). run_cohort
+runs the serial closure and, while it runs, widens each speculative step the controller chose: the
+drafter gives the spine (the chain the serial step would verify) and alternatives (the MTP head's
+next candidates at each depth, or other n-gram continuations); the tree planner
+(runtime/tree_plan.py) keeps the alternatives that pay by this machine's measured verify costs and
+the measured hit rate of alternatives; the owner verifies the tree in one forward, walks it and keeps
+the longest accepted path (kernels/tree_verify.py). With no alternative kept, the spine is verified
+as the serial step verifies a chain (the same code, the same records). Width w counts the branches:
+the real chain and w - 1 rows the request generated itself.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kernels.ngram_tree import propose_ngram_branches
+from kernels.tree import from_branches, spine_with_leaves
+from runtime.hyper import HyperCohortPlan, HyperRequestMeta
+from runtime.messages import ActorFailure, Drafted, ProposeTree, Sample, VerifyTree
+from runtime.plan import expected_tokens
+from runtime.tree_plan import Candidate, TreePlanner
+
+
+class TreeExecutor:
+    def __init__(self, scheduler, max_width: int):
+        self.scheduler, self.planner = scheduler, TreePlanner(max_width)
+        self.support = None  # the owner's Branching, asked before the first run
+
+    # --- the width seam ----------------------------------------------------------------------------
+    def plan(self, meta: HyperRequestMeta) -> HyperCohortPlan:
+        why = self.singleton_reason(meta)
+        return HyperCohortPlan(width=1, reason=why) if why else \
+            HyperCohortPlan(width=self.planner.max_width, reason="tree_by_measurement")
+
+    def singleton_reason(self, meta: HyperRequestMeta) -> str | None:
+        """Why this request runs at width 1 throughout; None where its steps may widen."""
+        policy = self.scheduler.policy
+        if self.planner.max_width < 2:
+            return "max_width_1"
+        if meta.generation_mode != "mtp":
+            return "plain_decode_request"
+        if policy.drafter not in ("mtp", "ngram"):
+            return "drafter_drafts_chains_only"
+        if policy.controller is None:
+            return "no_cost_model"  # the width is chosen from measured costs; none are kept
+        if not (self.support and self.support.ok):
+            return "model_cannot_branch"
+        return None
+
+    def run_cohort(self, plan: HyperCohortPlan, singleton):
+        return self._widened(singleton)
+
+    async def _widened(self, singleton):
+        run = singleton()
+        self.scheduler.widening = self
+        try:
+            async for step in run:
+                yield step
+        finally:
+            self.scheduler.widening = None
+            await run.aclose()
+
+    # --- one step ----------------------------------------------------------------------------------
+    async def widen(self, batch, choice) -> bool:
+        """Run this speculative step with a tree (or its spine alone); False leaves it to the serial
+        step (a step it cannot draft for)."""
+        s, seq = self.scheduler, batch[0]
+        k = min(choice.depths[0], seq.remaining - 1)
+        if len(batch) != 1 or k < 1 or not s.policy.eligible(seq):
+            return False
+        started, energy = time.perf_counter(), s.meter.read()
+        try:
+            spine, confidences, candidates = await self.draft(seq, k)
+        except ActorFailure as e:
+            await s.fail(seq, e)
+            return True
+        if not spine:  # nothing to propose: this step decodes plainly, as the serial step would
+            await s.plain_step(batch)
+            return True
+        draft_ms = (time.perf_counter() - started) * 1e3
+        table = s.policy.controller.costs.table()
+        accept = self.acceptance(seq, len(spine))
+        kept = self.planner.choose(table, accept, expected_tokens(accept), draft_ms, candidates)
+        if kept:
+            await self.verify_tree(batch, choice, spine, confidences, kept, started, energy, table)
+            return True
+        drafts = s.allot(batch, [Drafted(tokens=spine, confidences=confidences, has_probs=False,
+                                         seconds=draft_ms / 1e3)])
+        verify_ms = await s.verify_drafts(batch, choice, drafts, started, energy)
+        if verify_ms is not None and drafts[0] is not None:
+            self.planner.note_verify(table, len(drafts[0].tokens), 0, verify_ms)
+        s.mode.gate.set_live_width(1)
+        return True
+
+    async def draft(self, seq, k: int) -> tuple[tuple[int, ...], tuple[float, ...], list[Candidate]]:
+        s = self.scheduler
+        top = self.planner.max_width - 1
+        if s.policy.drafter == "ngram":
+            branches = propose_ngram_branches(seq.prompt_ids + tuple(seq.output_ids), k, width=top + 1)
+            if not branches:
+                return (), (), []
+            spine = tuple(branches[0])
+            return spine, (), [Candidate(depth=r, tokens=tuple(b), nodes=len(b) - _shared(spine, b))
+                               for r, b in enumerate(branches[1:], start=1)]
+        drafted = await s.owner.ask(ProposeTree(seq_id=seq.request_id, k=k, top=top))
+        candidates = [Candidate(depth=j, tokens=(token,), prob=prob)
+                      for j, alternatives in enumerate(drafted.alternatives, start=1) for token, prob in alternatives]
+        return drafted.tokens, drafted.confidences, candidates
+
+    def acceptance(self, seq, k: int) -> list[float]:
+        """The request's acceptance posterior at positions 1..k, as the controller holds it."""
+        ctl = self.scheduler.policy.controller.control(seq)
+        return list(ctl.acceptance.mean(ctl.phase, k))
+
+    async def verify_tree(self, batch, choice, spine, confidences, kept, started, energy, table) -> None:
+        s, seq = self.scheduler, batch[0]
+        if kept[0].prob is None:  # in rank order, no branch is a prefix of an earlier one: none is dropped
+            kept = sorted(kept, key=lambda c: c.depth)
+            tree = from_branches([list(spine)] + [list(c.tokens) for c in kept])
+        else:
+            tree = spine_with_leaves(spine, [(c.depth, c.tokens[0]) for c in kept])
+        assert tree.width == len(kept) + 1, "a kept alternative added no branch"
+        drafted_at = time.perf_counter()
+        try:
+            got = await s.owner.ask(VerifyTree(seq_id=seq.request_id, tokens=tree.tokens, parents=tree.parents,
+                                               leaves=tree.leaves))
+        except ActorFailure as e:
+            await s.fail(seq, e)
+            return
+        wall, joules = time.perf_counter() - started, s.meter.read().since(energy)
+        self.planner.note_verify(table, len(spine), tree.size - len(spine), (started + wall - drafted_at) * 1e3)
+        self.note_outcome(seq, spine, kept, got, choice, wall, table)
+        depth = max(tree.depths())
+        seq.spec.note_verify(depth, got.accepted, wall, confidences)
+        gate = s.mode.gate
+        gate.set_live_width(tree.width)
+        gate.record_fork(rows_launched=tree.width - 1, rows_committed=int(got.branch > 0 and got.accepted > 0))
+        s.run_width = max(s.run_width, tree.width)
+        await s.telemetry.tell(Sample(name="drafted_tokens_total", value=tree.size,
+                                      labels=(("drafter", s.policy.drafter),)))
+        await s.telemetry.tell(Sample(name="accepted_tokens_total", value=got.accepted))
+        await s.emit(seq, list(got.emitted))
+        s.mode.note_step("tree", 1, tree.size, got.accepted)
+        await s.after_step(choice, wall, batch, len(got.emitted), joules, ((depth, got.accepted),))
+
+    def note_outcome(self, seq, spine, kept, got, choice, wall: float, table) -> None:
+        """The planner learns the alternatives' hits; the controller the spine's own outcome (what
+        the chain alone would have had accepted), so its chain acceptance stays a chain's."""
+        spine_accepted = got.branch_accepted[0]
+        won = kept[got.branch - 1] if got.branch else None
+        extra = {c.depth: max(0, got.branch_accepted[i + 1] - spine_accepted) for i, c in enumerate(kept)
+                 if i + 1 < len(got.branch_accepted)}
+        self.planner.note_outcome(kept, spine_accepted, won, extra)
+        controller = self.scheduler.policy.controller
+        controller.record_outcome(seq, len(spine), spine_accepted)
+        if choice.exploring:  # the controller chose this step to learn: it is charged as such
+            controller.budget.note_explored(wall * 1e3, table.verify_cost(1, 0).ms, len(got.emitted))
+
+    def snapshot(self) -> dict:
+        support = self.support
+        return {**self.planner.snapshot(), "branching": None if support is None else
+                {"ok": support.ok, "reason": support.reason}}
+
+
+def _shared(spine, branch) -> int:
+    n = 0
+    while n < min(len(spine), len(branch)) and spine[n] == branch[n]:
+        n += 1
+    return n
