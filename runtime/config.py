@@ -21,7 +21,8 @@ def doc(kind, text: str):
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     host: doc(str, "address to listen on") = "127.0.0.1"
     port: doc(int, "port to listen on") = 8000
-    max_body_bytes: doc(int, "largest request body accepted (bytes)") = 1 << 20
+    max_body_bytes: doc(int, "largest request body or WebSocket message accepted (bytes)") = 1 << 20
+    ws_max_open: doc(int, "requests open at once on one WebSocket") = 64
     log_format: doc(Literal["json", "console"], "trace log lines as JSON or human-readable") = "json"
     trace_file: doc(str | None, "write every speculation decision to this JSONL file as it is taken "
                                 "(`metrale replay` reads it)") = None
@@ -36,7 +37,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    max_pending: doc(int, "requests admitted and not yet ended; beyond it a request gets 429") = 64
+    # Well above the active limits, so a burst queues instead of turning into 429s (bench load, 64
+    # clients x 400 requests on mtp_batch: 332 rejected at 64, none at 256); max_queue_wait_s bounds
+    # how long one waits (serial's p99 TTFT at 64 clients was 79 s here, the openai client waits 600 s).
+    max_pending: doc(int, "requests admitted and not yet ended; beyond it a request gets 429") = 256
+    max_queue_wait_s: doc(float, "a request with no first token this long after it came is cancelled "
+                                 "(queue_timeout, 503)") = 300.0
     max_tokens_limit: doc(int, "the largest max_tokens a request may ask for") = 4096
 
 
@@ -143,8 +149,10 @@ def validate(config: Config) -> Config:
                           f"--max-active-requests must be 1, not {sched.max_active_requests}")
     if not 1 <= sched.hyper_max_width <= 16:
         raise ConfigError("--hyper-max-width must be in 1..16")
-    if adm.max_pending < 1 or adm.max_tokens_limit < 1:
+    if adm.max_pending < 1 or adm.max_tokens_limit < 1 or config.server.ws_max_open < 1:
         raise ConfigError("admission limits must be at least 1")
+    if adm.max_queue_wait_s <= 0:
+        raise ConfigError("--max-queue-wait-s must be positive")
     if not 1 <= config.spec.num_draft_tokens <= 16:
         raise ConfigError("--num-draft-tokens must be in 1..16")
     if not 0.0 <= config.spec.cost_slack < 1.0:
@@ -158,6 +166,7 @@ def validate(config: Config) -> Config:
     if config.spec.drafter == "draft-model" and not config.spec.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     return config
+
 
 BATCH_ONLY = ("prefill_group", "prefill_steps_per_chunk", "prefill_floor", "prefill_ceiling")
 

@@ -1,7 +1,9 @@
 """The client side of the actor system: submit one request and iterate its events.
 
 Whatever way the caller leaves (done, error, client gone), a request that has not ended is
-cancelled, so its slot is freed and it still gets its one terminal event.
+cancelled, so its slot is freed and it still gets its one terminal event. A request that has no
+first event within the queue wait is cancelled as `queue_timeout`; one whose events can no longer
+come (the system failed and its streamer is gone) ends with a Failed made here, so no caller hangs.
 """
 
 from __future__ import annotations
@@ -15,10 +17,17 @@ from typing import AsyncIterator
 import msgspec
 
 from runtime.messages import (
-    Cancel, Cancelled, Failed, Finished, StreamEvent, Submit, Subscribe, Unsubscribe,
+    ActorFailure, Cancel, Cancelled, Failed, Finished, StreamEvent, Submit, Subscribe, Unsubscribe,
 )
 
 TERMINAL = (Finished, Cancelled, Failed)
+QUEUE_TIMEOUT = "queue_timeout"  # the Cancel reason of a request that waited too long
+POLL_S = 1.0  # how often a waiting caller looks whether the system failed
+
+
+def failure(system) -> str | None:
+    """Why the system failed, or None (in-process test systems may not supervise)."""
+    return getattr(system, "failure", None)
 
 
 def new_request_id(prefix: str) -> str:
@@ -26,8 +35,9 @@ def new_request_id(prefix: str) -> str:
 
 
 class RequestStream:
-    def __init__(self, queue):
-        self.queue = queue
+    def __init__(self, queue: asyncio.Queue, system, request_id: str, first_deadline: float | None):
+        self.queue, self.system, self.request_id = queue, system, request_id
+        self.first_deadline = first_deadline  # monotonic time by which the first event must come
         self.ended = False
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
@@ -35,22 +45,53 @@ class RequestStream:
 
     async def _events(self):
         while not self.ended:
-            event = await self.queue.get()
+            event = await self._next()
+            self.first_deadline = None
             self.ended = isinstance(event, TERMINAL)
-            yield event
+            yield await self._why(event) if isinstance(event, Cancelled) and event.reason == "shutdown" else event
+
+    async def _why(self, event: Cancelled) -> StreamEvent:
+        """An actor that crashes stops like one shut down: if the system failed, say that instead."""
+        await asyncio.sleep(0)  # the supervisor's done-callback, scheduled with the crash, runs first
+        if failure(self.system):
+            return Failed(request_id=event.request_id, error=failure(self.system), status=503)
+        return event
+
+    async def _next(self) -> StreamEvent:
+        while True:
+            if not self.queue.empty():
+                return self.queue.get_nowait()
+            try:
+                return await asyncio.wait_for(self.queue.get(), self._wait())
+            except asyncio.TimeoutError:
+                pass
+            if self.first_deadline is not None and time.monotonic() >= self.first_deadline:
+                self.first_deadline = None  # the Cancelled it causes is the terminal event
+                self.system.scheduler.tell_nowait(Cancel(request_id=self.request_id, reason=QUEUE_TIMEOUT))
+            elif failure(self.system) and self.system.streamer.closing:
+                return Failed(request_id=self.request_id, error=failure(self.system), status=503)
+
+    def _wait(self) -> float:
+        if self.first_deadline is None:
+            return POLL_S
+        return max(0.0, min(POLL_S, self.first_deadline - time.monotonic()))
 
 
 @asynccontextmanager
-async def open_request(system, submit: Submit) -> AsyncIterator[RequestStream]:
-    """Subscribe, then admit (admission's Rejected propagates), then hand out the event stream.
+async def open_request(system, submit: Submit, max_wait_s: float | None = None) -> AsyncIterator[RequestStream]:
+    """Subscribe, then admit (admission's Rejected propagates), then hand out the event stream;
+    max_wait_s bounds the wait for the first event (None: unbounded).
 
     Subscribe is told, not asked: the streamer takes its inbox in order and every event of the
     request is sent after admission, so the queue is in place before the first one arrives.
     """
+    if failure(system):  # a failed actor may never answer: refuse instead of waiting on it
+        raise ActorFailure("system", f"server is degraded: {failure(system)}", 503)
     submit = submit if submit.submitted_at else _stamped(submit)
     queue: asyncio.Queue = asyncio.Queue()  # unbounded on purpose: at most max_tokens events
     await system.streamer.tell(Subscribe(request_id=submit.request_id, queue=queue))
-    stream = RequestStream(queue)
+    deadline = None if max_wait_s is None else submit.submitted_at + max_wait_s
+    stream = RequestStream(queue, system, submit.request_id, deadline)
     admitted = False
     try:
         await system.admission.ask(submit)

@@ -8,18 +8,24 @@ import msgspec
 from aiohttp import web
 
 from runtime.actor import Rejected
-from runtime.gateway import new_request_id, open_request
+from runtime.gateway import QUEUE_TIMEOUT, new_request_id, open_request
 from runtime.messages import ActorFailure, Cancelled, Failed, Finished, Submit, TokensEmitted
 from runtime.protocol import (
-    ProtocolError, chat_messages, completion_prompt, decode_chat, decode_completion, error_body,
-    sampling_params,
+    ProtocolError, check_model, chat_messages, completion_prompt, decode_chat, decode_completion, sampling_params,
+)
+from runtime.responses import (
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion, CompletionChoice,
+    Delta, error_body,
 )
 
 _encode = msgspec.json.encode
+RETRY_AFTER_S = 1  # a 429's hint: slots free as requests end, usually within a few steps
 
 
 def error_response(message: str, status: int, param: str | None = None) -> web.Response:
-    return web.Response(body=error_body(message, status, param), status=status, content_type="application/json")
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return web.Response(body=error_body(message, status, param), status=status, content_type="application/json",
+                        headers=headers)
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -35,29 +41,35 @@ async def read_body(request: web.Request) -> bytes:
 class _Shape:
     """How one endpoint dresses its results: ids, object names, where the text goes."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, rid: str, req):
+        self.chat, self.model, self.rid = chat, model, rid
         self.created = int(time.time())
+        self.usage_chunk = bool(req.stream_options and req.stream_options.include_usage)
+        self.echo = "" if chat or not req.echo else completion_prompt(req.prompt)  # completions: prompt first
 
-    def chunk(self, rid: str, text: str, finish: str | None, first: bool) -> dict:
+    def chunk(self, text: str, finish: str | None, first: bool, usage=None):
         if self.chat:
-            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return {"id": rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [choice]}
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        return {"id": rid, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice]}
+            delta = Delta(role="assistant" if first else None, content=text if text or first else None)
+            return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, usage=usage,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+        text = self.echo + text if first else text
+        return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
+                          choices=[CompletionChoice(text=text, finish_reason=finish)])
 
-    def whole(self, rid: str, text: str, finish: str, usage) -> dict:
+    def last(self, finish: str, first: bool, usage) -> list:
+        """The finishing chunk, and the usage-only chunk where the request asked for it."""
+        if not self.usage_chunk:
+            return [self.chunk("", finish, first, usage)]
+        cls = ChatCompletionChunk if self.chat else Completion
+        return [self.chunk("", finish, first), cls(id=self.rid, created=self.created, model=self.model, choices=[],
+                                                     usage=usage)]
+
+    def whole(self, text: str, finish: str, usage):
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-            obj = "text_completion"
-        return {"id": rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": msgspec.to_builtins(usage)}
+            choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+            return ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=[choice], usage=usage)
+        return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
+                          choices=[CompletionChoice(text=self.echo + text, finish_reason=finish)])
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -68,66 +80,80 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, chat=False)
 
 
+def _parse(request: web.Request, body: bytes, chat: bool):
+    """The request and its Submit, or a ProtocolError naming what is wrong."""
+    system, config = request.app["system"], request.app["config"]
+    req = decode_chat(body) if chat else decode_completion(body)
+    check_model(req.model, system.info.model_id)
+    params = sampling_params(req, max_tokens_limit=config.admission.max_tokens_limit)
+    rid = new_request_id("chatcmpl" if chat else "cmpl")
+    submit = (Submit(request_id=rid, params=params, messages=chat_messages(req.messages)) if chat
+              else Submit(request_id=rid, params=params, prompt=completion_prompt(req.prompt)))
+    return req, submit
+
+
 async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     system = request.app["system"]
     if system.failure:
         return error_response(f"server is degraded: {system.failure}", 503)
     try:
-        body = await read_body(request)
-        req = decode_chat(body) if chat else decode_completion(body)
-        params = sampling_params(req, max_tokens_limit=request.app["config"].admission.max_tokens_limit)
-        rid = new_request_id("chatcmpl" if chat else "cmpl")
-        submit = (Submit(request_id=rid, params=params, messages=chat_messages(req.messages)) if chat
-                  else Submit(request_id=rid, params=params, prompt=completion_prompt(req.prompt)))
+        req, submit = _parse(request, await read_body(request), chat)
     except ProtocolError as e:
         return error_response(e.message, e.status, e.param)
-    shape = _Shape(chat, system.info.model_id)
+    shape = _Shape(chat, system.info.model_id, submit.request_id, req)
     try:
-        async with open_request(system, submit) as events:
+        async with open_request(system, submit, request.app["config"].admission.max_queue_wait_s) as events:
             if req.stream:
-                return await _stream(request, rid, events, shape)
-            return await _collect(rid, events, shape)
+                return await _stream(request, events, shape)
+            return await _collect(events, shape)
     except Rejected as e:
         return error_response(e.message, e.status, e.param)
     except ActorFailure as e:
         return error_response(e.message, e.status)
 
 
-async def _collect(rid: str, events, shape: _Shape) -> web.Response:
+def ended_error(event: Cancelled | Failed) -> tuple[str, int]:
+    """A request that ended without its answer: the client's message and status."""
+    if isinstance(event, Failed):
+        return f"generation failed: {event.error}", event.status
+    if event.reason == QUEUE_TIMEOUT:
+        return ("request cancelled (queue_timeout): no first token within the server's max_queue_wait_s; "
+                "the server is overloaded, retry later"), 503
+    return f"request cancelled ({event.reason})", 503
+
+
+async def _collect(events, shape: _Shape) -> web.Response:
     parts = []
     async for event in events:
         match event:
             case TokensEmitted():
                 parts.append(event.text)
             case Finished():
-                return web.json_response(body=_encode(shape.whole(rid, "".join(parts), event.finish_reason, event.usage)))
-            case Cancelled():
-                return error_response(f"request cancelled ({event.reason})", 503)
-            case Failed():
-                return error_response(f"generation failed: {event.error}", event.status)
+                return web.json_response(body=_encode(shape.whole("".join(parts), event.finish_reason, event.usage)))
+            case Cancelled() | Failed():
+                return error_response(*ended_error(event))
     return error_response("request ended without a result", 500)
 
 
-async def _stream(request: web.Request, rid: str, events, shape: _Shape) -> web.StreamResponse:
+async def _stream(request: web.Request, events, shape: _Shape) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     first = True
     async for event in events:
         match event:
             case TokensEmitted():
-                await _sse(response, shape.chunk(rid, event.text, None, first))
+                await _sse(response, shape.chunk(event.text, None, first))
                 first = False
             case Finished():
-                last = shape.chunk(rid, "", event.finish_reason, first) | {"usage": msgspec.to_builtins(event.usage)}
-                await _sse(response, last)
-            case Cancelled():
-                await _sse(response, msgspec.json.decode(error_body(f"request cancelled ({event.reason})", 503)))
-            case Failed():
-                await _sse(response, msgspec.json.decode(error_body(f"generation failed: {event.error}", event.status)))
+                for chunk in shape.last(event.finish_reason, first, event.usage):
+                    await _sse(response, chunk)
+            case Cancelled() | Failed():
+                message, status = ended_error(event)
+                await response.write(b"data: " + error_body(message, status) + b"\n\n")
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
 
 
-async def _sse(response: web.StreamResponse, payload: dict) -> None:
+async def _sse(response: web.StreamResponse, payload) -> None:
     await response.write(b"data: " + _encode(payload) + b"\n\n")

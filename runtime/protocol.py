@@ -1,79 +1,139 @@
 """Wire types: OpenAI-compatible and WebSocket requests, decoded and checked at the edge.
 
+One rule for every request field (README "Request fields"): a field this server honours is used;
+a field of OpenAI's schema that it does not implement is accepted only at its neutral value (absent,
+null, or the value that asks for nothing: logprobs false, presence_penalty 0, response_format text)
+and any other value is a 400 naming it; a field outside OpenAI's schema and this server's extras
+(disable_mtp, objective, conversation_id) is a 400 naming it. Nothing is silently ignored.
 Internal messages (runtime/messages.py) are built only from values that passed through here.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from runtime.messages import ChatMessage, SamplingParams
+from runtime.unsupported import UNSUPPORTED, ProtocolError, refuse_unsupported  # noqa: F401 (re-exported)
 
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 2048  # a chat template renders every message: bound the work one body can ask for
+MAX_ID_CHARS = 256
+SEED_RANGE = 1 << 63  # MLX's random keys take 0..2^63-1: any int64 seed is taken modulo this
+MODEL_ALIASES = ("default",)  # besides the served model's id
+EXTRAS = ("disable_mtp", "objective", "conversation_id")
+
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+Objective = Literal["latency", "energy", "balanced"]
+Identifier = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
+Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
-class ProtocolError(ValueError):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
+class _Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
 
 
-class ContentPart(msgspec.Struct, frozen=True):
+class ContentPart(_Wire, frozen=True, kw_only=True):
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | None = None
+    input_audio: dict[str, Any] | None = None
+    file: dict[str, Any] | None = None
+    refusal: str | None = None
 
 
-class WireMessage(msgspec.Struct, frozen=True):
-    role: str
+class WireMessage(_Wire, frozen=True, kw_only=True):
+    role: Role
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    refusal: str | None = None
 
 
-Objective = Literal["latency", "energy", "balanced"]
+class StreamOptions(_Wire, frozen=True, kw_only=True):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
 
 
-class _Params(msgspec.Struct, frozen=True, kw_only=True):
+class _Params(_Wire, frozen=True, kw_only=True):
     """Sampling fields every request kind shares (HTTP and WebSocket)."""
 
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     max_tokens: int | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | Annotated[list[Stop], Meta(max_length=MAX_STOPS)] | None = None
     seed: int | None = None
-    disable_mtp: bool = False
-    objective: Objective = "balanced"  # what the planner optimises for this request
-    user: str | None = None  # OpenAI's end-user id
-    conversation_id: str | None = None  # extra: groups the turns of one conversation
+    disable_mtp: bool = False  # extra: this request decodes plainly
+    objective: Objective = "balanced"  # extra: what the planner optimises for this request
+    user: Identifier | None = None  # OpenAI's end-user id
+    conversation_id: Identifier | None = None  # extra: groups the turns of one conversation
 
 
-class _Sampling(_Params, frozen=True, kw_only=True):
+class _OpenAI(_Params, frozen=True, kw_only=True):
+    """What chat and text completions share beyond the sampling fields."""
+
     model: str | None = None
-    n: int = 1
-    stream: bool = False
+    n: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
 
-class ChatRequest(_Sampling, frozen=True, kw_only=True):
-    messages: list[WireMessage]
+class ChatRequest(_OpenAI, frozen=True, kw_only=True):
+    messages: Annotated[list[WireMessage], Meta(max_length=MAX_MESSAGES)]
     max_completion_tokens: int | None = None
+    safety_identifier: Identifier | None = None
+    prompt_cache_key: Identifier | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
 
 
-class CompletionRequest(_Sampling, frozen=True, kw_only=True):
+class CompletionRequest(_OpenAI, frozen=True, kw_only=True):
     prompt: str | list[str]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    logprobs: int | None = None
 
 
 class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
-    id: str
-    messages: list[WireMessage] | None = None
+    id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    messages: Annotated[list[WireMessage], Meta(max_length=MAX_MESSAGES)] | None = None
     prompt: str | None = None
 
 
-class WsCancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
-    id: str
+class WsCancel(_Wire, frozen=True, kw_only=True, tag="cancel"):
+    id: Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 
 
 WsMessage = WsGenerate | WsCancel
+
 
 _decoders = {t: msgspec.json.Decoder(t) for t in (ChatRequest, CompletionRequest)}
 _ws_decoder = msgspec.json.Decoder(WsMessage)
@@ -83,39 +143,57 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes):
     try:
         return decoder.decode(body)
     except msgspec.DecodeError as e:
-        # msgspec names the failing field as "at `$.field`": keep it, it is what a client needs.
-        text = str(e)
-        param = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
-        raise ProtocolError(f"invalid request body: {text}", param) from None
+        raise _decode_error(str(e)) from None
+
+
+def _decode_error(text: str) -> ProtocolError:
+    # msgspec names the failing field as "at `$.field`": keep it, it is what a client needs.
+    at = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+    if text.startswith("Object contains unknown field `"):
+        name = text.split("`", 2)[1]
+        param = f"{at}.{name}" if at else name
+        return ProtocolError(f"unknown field {param!r}: not an OpenAI field nor one of this server's extras "
+                             f"({', '.join(EXTRAS)}); this server refuses what it would otherwise ignore "
+                             "(see /openapi.json)", param)
+    return ProtocolError(f"invalid request body: {text}", at)
 
 
 def decode_chat(body: bytes) -> ChatRequest:
-    return _decode(_decoders[ChatRequest], body)
+    req = _decode(_decoders[ChatRequest], body)
+    refuse_unsupported(req)
+    return req
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
-    return _decode(_decoders[CompletionRequest], body)
+    req = _decode(_decoders[CompletionRequest], body)
+    refuse_unsupported(req)
+    return req
 
 
 def decode_ws(body: bytes | str) -> WsGenerate | WsCancel:
-    return _decode(_ws_decoder, body.encode() if isinstance(body, str) else body)
+    msg = _decode(_ws_decoder, body.encode() if isinstance(body, str) else body)
+    refuse_unsupported(msg)
+    return msg
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """A model name asks for that model: one this server does not serve is a 404, not a substitute."""
+    if requested and requested != served and requested not in MODEL_ALIASES:
+        raise ProtocolError(f"model {requested!r} is not served here; this server serves {served!r} "
+                            f"(or ask for {MODEL_ALIASES[0]!r})", "model", 404)
 
 
 def chat_messages(messages: list[WireMessage]) -> tuple[ChatMessage, ...]:
     if not messages:
         raise ProtocolError("messages must not be empty", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if m.role not in ROLES:
-            raise ProtocolError(f"messages[{i}].role {m.role!r} is not one of {sorted(ROLES)}", f"messages[{i}].role")
-        out.append(ChatMessage(role=m.role, content=_content_text(m.content, i)))
-    return tuple(out)
+    return tuple(ChatMessage(role=m.role, content=_content_text(m.content, i)) for i, m in enumerate(messages))
 
 
 def _content_text(content, i: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if any(p.type != "text" or p.text is None for p in content):
+    if any(p.type != "text" or p.text is None or (p.image_url, p.input_audio, p.file, p.refusal) != (None,) * 4
+           for p in content):
         raise ProtocolError(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
     return "".join(p.text for p in content)
 
@@ -140,27 +218,19 @@ def ws_input(msg: WsGenerate) -> tuple[tuple[ChatMessage, ...] | None, str | Non
 
 
 def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 4096) -> SamplingParams:
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-    max_tokens = max_tokens_default if max_tokens is None else max_tokens
+    field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+    max_tokens = getattr(req, field)
+    max_tokens = min(max_tokens_default, max_tokens_limit) if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= max_tokens_limit:
-        raise ProtocolError(f"max_tokens must be in 1..{max_tokens_limit}, not {max_tokens}", "max_tokens")
-    temperature = 1.0 if req.temperature is None else req.temperature
-    if not 0.0 <= temperature <= 2.0:
-        raise ProtocolError(f"temperature must be in [0, 2], not {temperature}", "temperature")
-    top_p = 1.0 if req.top_p is None else req.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise ProtocolError(f"top_p must be in (0, 1], not {top_p}", "top_p")
-    if getattr(req, "n", 1) != 1:
+        raise ProtocolError(f"{field} must be in 1..{max_tokens_limit}, not {max_tokens}", field)
+    if getattr(req, "n", None) not in (None, 1):
         raise ProtocolError("only n=1 is supported", "n")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    if len(stop) > MAX_STOPS:
-        raise ProtocolError(f"at most {MAX_STOPS} stop sequences", "stop")
-    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop,
-                          seed=req.seed, disable_mtp=req.disable_mtp, objective=req.objective,
-                          conversation=req.conversation_id or req.user)
+    # The conversation key groups requests whose acceptance evidence carries over (README).
+    conversation = (req.conversation_id or getattr(req, "prompt_cache_key", None) or req.user
+                    or getattr(req, "safety_identifier", None))
+    return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
+                          top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens, stop=stop,
+                          seed=None if req.seed is None else req.seed % SEED_RANGE, disable_mtp=req.disable_mtp,
+                          objective=req.objective, conversation=conversation)
 
-
-def error_body(message: str, status: int, param: str | None = None) -> bytes:
-    kind = {429: "rate_limit_error", 404: "not_found_error"}.get(status,
-                                                                 "invalid_request_error" if status < 500 else "server_error")
-    return msgspec.json.encode({"error": {"message": message, "type": kind, "param": param, "code": status}})

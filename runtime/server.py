@@ -17,6 +17,7 @@ from runtime.messages import Snapshot
 from runtime.metrics import CONTENT_TYPE
 from runtime.observe import WriteTraces
 from runtime.openai_api import chat_completions, completions, error_response
+from runtime.openapi import openapi_json
 from runtime.system import System
 from runtime.ws import websocket
 
@@ -31,6 +32,7 @@ def build_app(system: System, config: Config) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_routes(app)
+    app.router.add_get("/openapi.json", openapi_json)
     return app
 
 
@@ -42,7 +44,10 @@ async def _json_errors(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(e.reason, e.status)
+        response = error_response(e.reason, e.status)
+        if "Allow" in e.headers:  # a 405 says which methods the route takes
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
 
 
 async def models(request: web.Request) -> web.Response:
@@ -65,7 +70,8 @@ async def health(request: web.Request) -> web.Response:
         "scheduler": await system.describe_scheduler(),
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
-    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json",
+                        status=503 if system.failure else 200)  # a monitor reads the status alone
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,10 +1,15 @@
 """WebSocket token streaming at /v1/ws: several requests per socket, each under the client's id.
 
-Client -> server: {"type": "generate", "id": ..., "messages" | "prompt": ..., sampling fields}
-                  {"type": "cancel", "id": ...}
+Client -> server (JSON text frames): {"type": "generate", "id": ..., "messages" | "prompt": ...,
+                  sampling fields} and {"type": "cancel", "id": ...}
 Server -> client: {"type": "tokens", "id", "text", "token_ids", "index"} per emitted batch,
-                  then one of {"type": "done", "id", "finish_reason", "usage"} or
-                  {"type": "error", "id", "error": {...}}. Closing the socket cancels its requests.
+                  then one of {"type": "done", "id", "finish_reason", "usage"} (finish_reason "cancelled"
+                  after the client's cancel) or {"type": "error", "id", "error": {...}} (a failure,
+                  or a cancel that was not the client's: shutdown, queue_timeout). Closing the socket
+                  cancels its requests.
+Limits: a frame larger than max_body_bytes closes the socket (1009); more than ws_max_open
+requests open at once on a socket, a binary frame, or a cancel of an id that is not open get an
+error frame and the socket stays open. The message types are in /openapi.json.
 """
 
 from __future__ import annotations
@@ -17,20 +22,25 @@ from aiohttp import WSMsgType, web
 from runtime.actor import Rejected
 from runtime.gateway import new_request_id, open_request
 from runtime.messages import ActorFailure, Cancel, Cancelled, Failed, Finished, Submit, TokensEmitted
-from runtime.protocol import (
-    ProtocolError, WsCancel, WsGenerate, decode_ws, error_body, sampling_params, ws_input,
-)
+from runtime.openai_api import ended_error, error_response
+from runtime.protocol import ProtocolError, WsCancel, WsGenerate, decode_ws, sampling_params, ws_input
+from runtime.responses import WsDone, WsError, WsTokens, error_object
+
+_encode = msgspec.json.encode
 
 
-async def websocket(request: web.Request) -> web.WebSocketResponse:
+async def websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=request.app["config"].server.max_body_bytes)
+    if not ws.can_prepare(request).ok:
+        return error_response("this endpoint speaks WebSocket: send a GET with Upgrade: websocket", 400)
     await ws.prepare(request)
     tasks: dict[str, tuple[asyncio.Task, str]] = {}  # client id -> (its task, request id)
     try:
         async for frame in ws:
-            if frame.type != WSMsgType.TEXT:
-                continue
-            await _on_message(request, ws, frame.data, tasks)
+            if frame.type == WSMsgType.TEXT:
+                await _on_message(request, ws, frame.data, tasks)
+            elif frame.type == WSMsgType.BINARY:
+                await _send_error(ws, None, "binary frames are not accepted: send JSON text frames", 400)
     finally:
         running = [task for task, _ in tasks.values()]
         for task in running:
@@ -40,20 +50,25 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
 
 
 async def _on_message(request, ws, data: str, tasks: dict) -> None:
-    system = request.app["system"]
+    system, config = request.app["system"], request.app["config"]
     try:
         msg = decode_ws(data)
         if isinstance(msg, WsCancel):
-            if msg.id in tasks:  # the Cancelled event then reaches the client as its "done"
-                system.scheduler.tell_nowait(Cancel(request_id=tasks[msg.id][1], reason="client"))
+            if msg.id not in tasks:
+                raise ProtocolError(f"no request with id {msg.id!r} is open on this socket (it may have ended)", "id")
+            # The Cancelled event then reaches the client as its "done".
+            system.scheduler.tell_nowait(Cancel(request_id=tasks[msg.id][1], reason="client"))
             return
         if msg.id in tasks:
             raise ProtocolError(f"id {msg.id!r} is already in use on this socket", "id")
-        submit = _submit(msg, request.app["config"].admission.max_tokens_limit)
+        if len(tasks) >= config.server.ws_max_open:
+            raise ProtocolError(f"this socket has {len(tasks)} requests open, its limit; wait for one to end "
+                                "or open another socket", "id", 429)
+        submit = _submit(msg, config.admission.max_tokens_limit)
     except ProtocolError as e:
         await _send_error(ws, _client_id(data), e.message, e.status, e.param)
         return
-    task = asyncio.create_task(_run(system, ws, msg.id, submit))
+    task = asyncio.create_task(_run(system, ws, msg.id, submit, config.admission.max_queue_wait_s))
     tasks[msg.id] = (task, submit.request_id)
     task.add_done_callback(lambda _t, cid=msg.id: tasks.pop(cid, None))
 
@@ -64,9 +79,9 @@ def _submit(msg: WsGenerate, max_tokens_limit: int) -> Submit:
     return Submit(request_id=new_request_id("ws"), params=params, messages=messages, prompt=prompt)
 
 
-async def _run(system, ws: web.WebSocketResponse, cid: str, submit: Submit) -> None:
+async def _run(system, ws: web.WebSocketResponse, cid: str, submit: Submit, max_wait_s: float) -> None:
     try:
-        async with open_request(system, submit) as events:
+        async with open_request(system, submit, max_wait_s) as events:
             async for event in events:
                 await ws.send_str(_frame(cid, event))
     except Rejected as e:
@@ -80,19 +95,19 @@ async def _run(system, ws: web.WebSocketResponse, cid: str, submit: Submit) -> N
 def _frame(cid: str, event) -> str:
     match event:
         case TokensEmitted():
-            body = {"type": "tokens", "id": cid, "text": event.text, "token_ids": event.token_ids, "index": event.index}
+            body = WsTokens(id=cid, text=event.text, token_ids=list(event.token_ids), index=event.index)
         case Finished():
-            body = {"type": "done", "id": cid, "finish_reason": event.finish_reason, "usage": event.usage}
-        case Cancelled():
-            body = {"type": "done", "id": cid, "finish_reason": "cancelled", "usage": event.usage}
-        case Failed():
-            body = {"type": "error", "id": cid, "error": msgspec.json.decode(error_body(event.error, event.status))["error"]}
-    return msgspec.json.encode(body).decode()
+            body = WsDone(id=cid, finish_reason=event.finish_reason, usage=event.usage)
+        case Cancelled() if event.reason == "client":
+            body = WsDone(id=cid, finish_reason="cancelled", usage=event.usage)
+        case Cancelled() | Failed():  # not the client's doing: an error says why
+            body = WsError(id=cid, error=error_object(*ended_error(event)))
+    return _encode(body).decode()
 
 
 async def _send_error(ws, cid: str | None, message: str, status: int, param: str | None = None) -> None:
-    error = msgspec.json.decode(error_body(message, status, param))["error"]
-    await ws.send_str(msgspec.json.encode({"type": "error", "id": cid, "error": error}).decode())
+    if not ws.closed:
+        await ws.send_str(_encode(WsError(id=cid, error=error_object(message, status, param))).decode())
 
 
 def _client_id(data: str) -> str | None:

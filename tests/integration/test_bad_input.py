@@ -17,6 +17,13 @@ CASES = [
     ("unknown objective", {**GOOD, "objective": "fast"}, 400, "objective"),
     ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
+    # OpenAI fields this server does not implement: refused, never a silent 200.
+    ("logprobs", {**GOOD, "logprobs": True}, 400, "logprobs"),
+    ("json mode", {**GOOD, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("tools", {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("penalty", {**GOOD, "presence_penalty": 0.6}, 400, "presence_penalty"),
+    ("unknown field", {**GOOD, "top_k": 40}, 400, "top_k"),
+    ("unknown model", {**GOOD, "model": "gpt-4o"}, 404, "model"),
 ]
 
 
@@ -61,7 +68,7 @@ async def test_queue_full_gets_429_and_disconnects_free_the_slots(idle_server):
         streams = [await http.post(idle_server.url + "/v1/chat/completions", json=long) for _ in range(MAX_PENDING)]
         assert all(s.status == 200 for s in streams)
         async with http.post(idle_server.url + "/v1/chat/completions", json=GOOD) as r:
-            assert r.status == 429
+            assert r.status == 429 and r.headers["Retry-After"] == "1"
             assert (await r.json())["error"]["type"] == "rate_limit_error"
         for s in streams:
             s.close()  # client disconnects mid-stream: each request is cancelled, its slot freed
@@ -81,3 +88,34 @@ async def eventually_served(url: str, body: dict, tries: int = 50) -> bool:
                 assert r.status == 429
             await asyncio.sleep(0.2)
     return False
+
+
+def test_the_official_client_learns_which_field_was_refused(idle_server):
+    import openai
+
+    client = openai.OpenAI(base_url=idle_server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+    calls = {"logprobs": {"logprobs": True}, "response_format": {"response_format": {"type": "json_object"}},
+             "frequency_penalty": {"frequency_penalty": 1.0},
+             "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}}
+    for field, kwargs in calls.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="default", messages=GOOD["messages"], max_tokens=2, **kwargs)
+        assert e.value.param == field and "not supported" in e.value.message
+
+
+async def test_include_usage_echo_and_the_document(idle_server):
+    async with aiohttp.ClientSession() as http:
+        body = {**GOOD, "stream": True, "stream_options": {"include_usage": True}}
+        async with http.post(idle_server.url + "/v1/chat/completions", json=body) as r:
+            events = [line async for line in r.content if line.startswith(b"data: ")]
+        import json
+
+        *chunks, done = events
+        last = json.loads(chunks[-1][6:])
+        assert done.strip() == b"data: [DONE]" and last["choices"] == [] and last["usage"]["completion_tokens"] == 2
+        assert all(json.loads(c[6:])["usage"] is None for c in chunks[:-1])
+        async with http.post(idle_server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "echo": True}) as r:
+            assert (await r.json())["choices"][0]["text"].startswith("Hi")
+        async with http.get(idle_server.url + "/openapi.json") as r:
+            doc = await r.json()
+        assert doc["openapi"].startswith("3.1") and "/v1/chat/completions" in doc["paths"]

@@ -3,7 +3,9 @@
 import msgspec
 import pytest
 
-from runtime.protocol import ProtocolError, decode_chat, decode_completion, decode_ws, sampling_params, ws_input
+from runtime.protocol import (
+    ProtocolError, chat_messages, check_model, decode_chat, decode_completion, decode_ws, sampling_params, ws_input,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 COMPLETION = {"prompt": "Hi"}
@@ -53,3 +55,86 @@ def test_max_tokens_range_is_checked_once_for_every_kind():
             with pytest.raises(ProtocolError) as e:
                 sampling_params(decode(msgspec.json.encode({**base, "max_tokens": bad})), max_tokens_limit=10)
             assert e.value.param == "max_tokens" and e.value.message == f"max_tokens must be in 1..10, not {bad}"
+
+
+# --- no silent ignores: every OpenAI field is declared; honoured, or refused unless neutral -----
+
+def openai_fields(kind: str) -> set[str]:
+    """The request fields the official openai client can send (its own TypedDicts)."""
+    from openai.types import completion_create_params as completion
+    from openai.types.chat import completion_create_params as chat
+
+    module = chat if kind == "chat" else completion
+    return set(module.CompletionCreateParamsBase.__annotations__) | {"stream"}
+
+
+@pytest.mark.parametrize("kind,cls", [("chat", "ChatRequest"), ("completion", "CompletionRequest")])
+def test_every_field_of_the_openai_client_is_declared(kind, cls):
+    import runtime.protocol as protocol
+
+    declared = set(getattr(protocol, cls).__struct_fields__)
+    assert openai_fields(kind) <= declared, openai_fields(kind) - declared
+
+
+@pytest.mark.parametrize("field,value", [
+    ("logprobs", True), ("top_logprobs", 2), ("response_format", {"type": "json_object"}),
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"42": 5}), ("store", True),
+    ("reasoning_effort", "high"), ("modalities", ["text", "audio"]), ("service_tier", "flex"),
+])
+def test_an_unsupported_field_that_asks_for_something_is_a_400_naming_it(field, value):
+    with pytest.raises(ProtocolError) as e:
+        decode_chat(msgspec.json.encode({**CHAT, field: value}))
+    assert e.value.status == 400 and e.value.param == field and "not supported" in e.value.message
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted():
+    neutral = {"logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [],
+               "tool_choice": "none", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+               "store": False, "service_tier": "auto", "parallel_tool_calls": True, "n": 1,
+               "stream_options": {"include_usage": True, "include_obfuscation": False}}
+    decode_chat(msgspec.json.encode({**CHAT, **neutral}))
+    decode_completion(msgspec.json.encode({**COMPLETION, "best_of": 1, "suffix": "", "echo": True}))
+
+
+@pytest.mark.parametrize("body,param", [
+    ({**CHAT, "top_k": 5}, "top_k"),  # another server's extra: refused, not ignored
+    ({"messages": [{"role": "user", "content": "x", "weight": 1}]}, "messages[0].weight"),
+    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}, "messages[0].tool_calls"),
+    ({**CHAT, "stream_options": {"include_usage": True, "chunk": 1}}, "stream_options.chunk"),
+])
+def test_unknown_and_unsupported_nested_fields_are_named(body, param):
+    with pytest.raises(ProtocolError) as e:
+        decode_chat(msgspec.json.encode(body))
+    assert e.value.param == param, e.value.message
+
+
+def test_completion_logprobs_zero_still_asks_for_logprobs():
+    with pytest.raises(ProtocolError) as e:
+        decode_completion(msgspec.json.encode({**COMPLETION, "logprobs": 0}))
+    assert e.value.param == "logprobs"
+
+
+def test_non_text_content_parts_are_refused():
+    image = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "image_url": {"url": "u"}}]}]}
+    with pytest.raises(ProtocolError) as e:
+        chat_messages(decode_chat(msgspec.json.encode(image)).messages)
+    assert e.value.param == "messages[0].content"
+
+
+def test_a_model_this_server_does_not_serve_is_a_404():
+    check_model(None, "m")
+    check_model("m", "m")
+    check_model("default", "m")
+    with pytest.raises(ProtocolError) as e:
+        check_model("gpt-4o", "m")
+    assert e.value.status == 404 and e.value.param == "model"
+
+
+def test_seeds_of_any_int64_reach_the_params_and_zero_max_completion_tokens_is_refused():
+    assert params_of(decode_chat, {**CHAT, "seed": -1}).seed == (1 << 63) - 1
+    assert params_of(decode_chat, {**CHAT, "seed": 7}).seed == 7
+    with pytest.raises(ProtocolError):
+        params_of(decode_chat, {**CHAT, "max_completion_tokens": 0})
+    assert params_of(decode_chat, {**CHAT, "prompt_cache_key": "k"}).conversation == "k"

@@ -1,0 +1,176 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at /openapi.json.
+
+Schemas come from the wire types (runtime/protocol.py, runtime/responses.py) through
+msgspec.json.schema_components; what a type cannot say is added here from the same sources: an
+unsupported field's neutral values (protocol.UNSUPPORTED), this server's max_tokens limit and model
+names. The WebSocket messages are components too, referenced from GET /v1/ws under x-websocket.
+A route nobody described here still appears, from its handler's docstring, so the document covers
+every route the app has.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from runtime.protocol import (
+    EXTRAS, MODEL_ALIASES, UNSUPPORTED, ChatRequest, CompletionRequest, StreamOptions, WireMessage, WsMessage,
+)
+from runtime.responses import (
+    ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, Health, ModelList, WsServerMessage,
+)
+
+REF = "#/components/schemas/{name}"
+_STRUCTS = {"ChatRequest": ChatRequest, "CompletionRequest": CompletionRequest, "WireMessage": WireMessage,
+            "StreamOptions": StreamOptions}
+_ERRORS = {"400": "malformed, or asks for what this server does not do (param names the field)",
+           "404": "no such model or route", "413": "the body is too large",
+           "429": "the waiting queue is full (see Retry-After)",
+           "503": "degraded, shutting down, or timed out in the queue"}
+_EXTRA_DOCS = {"disable_mtp": "extra: this request decodes plainly (no speculation)",
+               "objective": "extra: what the planner optimises for this request",
+               "conversation_id": "extra: groups the turns of one conversation (acceptance evidence carries over)"}
+
+
+def document(app: web.Application) -> dict:
+    config, info = app["config"], app["system"].info
+    named = {"WsClientMessage": WsMessage, "WsServerMessage": WsServerMessage}
+    types = [ChatRequest, CompletionRequest, ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse,
+             ModelList, Health, *named.values()]
+    schemas, components = msgspec.json.schema_components(types, ref_template=REF)
+    components.update({name: schema for name, schema in zip(named, schemas[-len(named):])})
+    _refine(components, config.admission.max_tokens_limit, [info.model_id, *MODEL_ALIASES])
+    paths = _paths()
+    for path, methods in _routes(app).items():
+        for method, handler in methods.items():
+            paths.setdefault(path, {}).setdefault(method, _undescribed(path, handler))
+    return {"openapi": "3.1.0",
+            "info": {"title": "metrale", "version": "0.1.0",
+                     "description": "OpenAI-compatible serving with speculative decoding. Request fields: "
+                                    "OpenAI's are honoured, or accepted only at their neutral values (any other "
+                                    "value is a 400 naming the field); unknown fields are a 400 naming them; "
+                                    f"this server's extras are {', '.join(EXTRAS)}."},
+            "paths": paths, "components": {"schemas": components}}
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """This document."""
+    return web.Response(body=msgspec.json.encode(document(request.app)), content_type="application/json")
+
+
+def _refine(components: dict, max_tokens: int, models: list[str]) -> None:
+    """What the types alone cannot say: neutral-only fields, the server's limits, descriptions."""
+    owners = {"": ("ChatRequest", "CompletionRequest"), "messages[].": ("WireMessage",),
+              "stream_options.": ("StreamOptions",)}
+    for u in UNSUPPORTED:
+        prefix, name = u.field.rpartition(".")[0], u.field.rpartition(".")[2]
+        for owner in owners[prefix + "." if prefix else ""]:
+            props = components[owner]["properties"]
+            if name in props:
+                props[name] = {"enum": _typed(u.neutral, owner, name), "default": None,
+                               "description": f"not supported ({u.reason}): only these neutral values are accepted"}
+    for owner in ("ChatRequest", "CompletionRequest", "WsGenerate"):
+        props = components[owner]["properties"]
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in props:
+                props[name] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_tokens}, {"type": "null"}],
+                               "default": None}
+        for name, text in _EXTRA_DOCS.items():
+            props[name]["description"] = text
+        if "n" in props:
+            props["n"] = {"enum": [None, 1], "default": None, "description": "one choice per request"}
+        if "model" in props:
+            props["model"] = {"enum": [None, *models], "default": None,
+                              "description": "the served model's id or an alias; any other is a 404"}
+    for owner in ("ChatRequest", "WsGenerate"):
+        components[owner]["properties"]["messages"].setdefault("minItems", 1)
+    part = components["ContentPart"]["properties"]
+    part["type"] = {"enum": ["text"]}
+    for name in ("image_url", "input_audio", "file", "refusal"):
+        part[name] = {"type": "null", "default": None, "description": "only text parts are supported"}
+    components["ContentPart"]["required"] = ["type", "text"]
+    components["ContentPart"]["properties"]["text"] = {"type": "string"}
+    components["CompletionRequest"]["properties"]["prompt"] = {
+        "anyOf": [{"type": "string", "minLength": 1},
+                  {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}],
+        "description": "one text prompt (a list holds exactly one)"}
+
+
+def _typed(values: tuple, owner: str, name: str) -> list:
+    """The neutral values that the field's own type can hold (completions' logprobs is an int, chat's a bool)."""
+    kind = next(f.type for f in msgspec.structs.fields(_STRUCTS[owner]) if f.name == name)
+    return [v for v in values if _fits(v, kind)]
+
+
+def _fits(value, kind) -> bool:
+    try:
+        msgspec.convert(value, kind)
+        return True
+    except msgspec.ValidationError:
+        return False
+
+
+def _json(name: str) -> dict:
+    return {"application/json": {"schema": {"$ref": REF.format(name=name)}}}
+
+
+def _errors(*codes: str) -> dict:
+    return {code: {"description": _ERRORS[code], "content": _json("ErrorResponse")} for code in codes}
+
+
+def _completion(summary: str, request: str, whole: str, chunk: str) -> dict:
+    event = {"anyOf": [{"$ref": REF.format(name=name)} for name in (chunk, "ErrorResponse")]}
+    data = {"anyOf": [{"const": "[DONE]"},
+                      {"type": "string", "contentMediaType": "application/json", "contentSchema": event}]}
+    sse = {"schema": {"type": "object", "required": ["data"], "properties": {"data": data}},
+           "description": f"stream=true: `data: <{chunk}>` events, an error object as an event if the request "
+                          "fails mid-stream, then `data: [DONE]`"}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": _json(request)},
+                     "responses": {"200": {"description": "the completion, whole or as server-sent events",
+                                           "content": {**_json(whole), "text/event-stream": sse}},
+                                   **_errors("400", "404", "413", "429", "503")}}}
+
+
+def _paths() -> dict:
+    ws = ("A WebSocket (send Upgrade: websocket). Client frames are WsClientMessage (generate, cancel), "
+          "server frames WsServerMessage (tokens, then done or error, per request id); several requests may "
+          "share a socket and closing it cancels them. A plain GET is a 400.")
+    return {
+        "/v1/chat/completions": _completion("chat completion", "ChatRequest", "ChatCompletion", "ChatCompletionChunk"),
+        "/v1/completions": _completion("text completion", "CompletionRequest", "Completion", "Completion"),
+        "/v1/models": {"get": {"summary": "the served model",
+                               "responses": {"200": {"description": "one model", "content": _json("ModelList")}}}},
+        "/v1/ws": {"get": {"summary": "token streaming over WebSocket", "description": ws,
+                           "x-websocket": {"client": {"$ref": REF.format(name="WsClientMessage")},
+                                           "server": {"$ref": REF.format(name="WsServerMessage")}},
+                           "responses": {"101": {"description": "switching to the WebSocket protocol"},
+                                         **_errors("400")}}},
+        "/health": {"get": {"summary": "liveness and state",
+                            "responses": {"200": {"description": "ok", "content": _json("Health")},
+                                          "503": {"description": "degraded: an actor failed",
+                                                  "content": _json("Health")}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "text exposition format",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"summary": "this document",
+                                  "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+                                      "application/json": {"schema": {"type": "object"}}}}}}},
+    }
+
+
+def _routes(app: web.Application) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else None
+        if path and route.method not in ("HEAD", "*"):
+            out.setdefault(path, {})[route.method.lower()] = route.handler
+    return out
+
+
+def _undescribed(path: str, handler) -> dict:
+    summary = ((handler.__doc__ or "").strip().splitlines() or [handler.__name__])[0]
+    params = [{"name": p.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
+              for p in path.split("/") if p.startswith("{")]
+    return {"summary": summary, **({"parameters": params} if params else {}),
+            "responses": {"200": {"description": summary},
+                          "default": {"description": "an error", "content": _json("ErrorResponse")}}}

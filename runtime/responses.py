@@ -1,0 +1,149 @@
+"""Wire types of what the server sends: OpenAI-shaped bodies and chunks, errors, WebSocket frames.
+
+The handlers encode these structs, and /openapi.json is generated from the same ones, so the
+document cannot drift from the responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from runtime.messages import FinishReason, Usage
+
+
+class _Out(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class ErrorObject(_Out, frozen=True, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: int  # the HTTP status, also on SSE and WebSocket errors
+
+
+class ErrorResponse(_Out, frozen=True, kw_only=True):
+    error: ErrorObject
+
+
+class AssistantMessage(_Out, frozen=True, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Out, frozen=True, kw_only=True):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(_Out, frozen=True, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(_Out, frozen=True, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Out, frozen=True, kw_only=True):
+    index: int = 0
+    delta: Delta
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Out, frozen=True, kw_only=True):
+    """One SSE `data:` event. The chunk with finish_reason carries usage unless the request asked for
+    stream_options.include_usage; then a last chunk with no choices carries it (OpenAI's form)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(_Out, frozen=True, kw_only=True):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class Completion(_Out, frozen=True, kw_only=True):
+    """A whole text completion, or one SSE `data:` event of a streamed one (then usage as for chat)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Out, frozen=True, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "metrale"
+    created: int = 0
+    context_length: int
+
+
+class ModelList(_Out, frozen=True, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(_Out, frozen=True, kw_only=True):
+    """The fields of /health a monitor relies on; the body has more (scheduler and telemetry state)."""
+
+    status: Literal["ok", "degraded"]
+    failure: str | None
+    model: str
+    mode: str
+    uptime_s: float
+    scheduler: dict[str, Any] | None
+    telemetry: dict[str, Any]
+
+
+# --- WebSocket: server -> client ---------------------------------------------------------------
+
+class WsTokens(_Out, frozen=True, kw_only=True, tag="tokens"):
+    id: str
+    text: str
+    token_ids: list[int]
+    index: int  # position of the first of token_ids in the completion
+
+
+class WsDone(_Out, frozen=True, kw_only=True, tag="done"):
+    id: str
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class WsError(_Out, frozen=True, kw_only=True, tag="error"):
+    id: str | None  # null when the message that failed had no readable id
+    error: ErrorObject
+
+
+WsServerMessage = WsTokens | WsDone | WsError
+
+
+def error_object(message: str, status: int, param: str | None = None) -> ErrorObject:
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error")
+    return ErrorObject(message=message, type=kind, param=param, code=status)
+
+
+def error_body(message: str, status: int, param: str | None = None) -> bytes:
+    return msgspec.json.encode(ErrorResponse(error=error_object(message, status, param)))
