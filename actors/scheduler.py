@@ -59,6 +59,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
         self.learning = learning  # saving the learned table, and the self-calibration while none exists
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
+        self.ahead = False  # a lookahead plain step is in flight
         self.consulted = None  # what the latest decision read, for its trace
         self.hyper_setup()  # hyper mode: the bound run, and the width executor (actors/scheduler_hyper.py)
 
@@ -112,7 +113,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
         """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
-        choice = self.policy.choose(batch, depth)
+        choice = self.policy.choose(batch, depth, ahead=self.ahead)
         self.consulted = consult(self.policy, batch, choice, depth)
         if choice.step is GateStep.MTP:
             if self.widening is None or not await self.widening.widen(batch, choice):
@@ -210,6 +211,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
         # Start the next plain step early when it will likely be one: nobody waiting or prefilling
         # to join (a group that joins makes the owner drop that early step).
         ahead = self.mode.lookahead and not self.waiting and not self.prefilling and self.policy.next_is_plain(batch)
+        self.ahead = ahead  # the next step is computing already: it will not explore
         started, energy = time.perf_counter(), self.meter.read()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))

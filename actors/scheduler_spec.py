@@ -20,6 +20,7 @@ class SpecStep:
     async def spec_step(self, batch: list[Sequence], choice: StepChoice) -> None:
         """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
         started, energy = time.perf_counter(), self.meter.read()
+        self.ahead = False  # drafting drops any lookahead step
         try:
             drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
         except ActorFailure as e:

@@ -65,23 +65,25 @@ class SpeculationPolicy:
         return spec_dispatch_eligible(seq.think, resume_guard=self.resume_guard, spec_think=self.spec_think,
                                       disable_mtp=seq.params.disable_mtp)
 
-    def choose(self, batch, context_depth: int) -> StepChoice:
-        """The step to run for this batch. Sequences not eligible take plain rows in a speculative step."""
+    def choose(self, batch, context_depth: int, ahead: bool = False) -> StepChoice:
+        """The step to run for this batch. Sequences not eligible take plain rows in a speculative step.
+        ahead: a plain step is already computing (lookahead), so this step does not explore: exploring
+        would drop it, a whole forward lost; next_is_plain says no in time for an exploration instead."""
         eligible = [self.enabled and self.eligible(s) for s in batch]
         plain = StepChoice(GateStep.PLAIN, (0,) * len(batch))
         if not any(eligible) or len(batch) > self.mtp_max_seqs:
             choice = plain
         elif self.controller is not None:
-            choice = self._controlled(batch, eligible)
+            choice = self._controlled(batch, eligible, explore=not ahead)
         else:
             choice = self._gated(batch, eligible, context_depth) or plain
         choice = dataclasses.replace(choice, eligible=sum(eligible))
         self.last = choice
         return choice
 
-    def _controlled(self, batch, eligible) -> StepChoice:
+    def _controlled(self, batch, eligible, explore: bool = True) -> StepChoice:
         # Forced: the planner's depths with no exploration, so the path is fixed by the table alone.
-        plan: Plan = self.controller.plan(batch, eligible, explore=self.setting is GateSetting.AUTO)
+        plan: Plan = self.controller.plan(batch, eligible, explore=explore and self.setting is GateSetting.AUTO)
         step = GateStep.MTP if plan.speculates else GateStep.PLAIN
         return StepChoice(step, plan.depths, exploring=plan.exploring)
 

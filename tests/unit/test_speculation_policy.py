@@ -113,3 +113,13 @@ def test_where_the_planner_says_no_draft_pays_the_pin_does_not_force_a_step():
     paying = controlled("auto", _table([10, 11, 12, 13], 0.9), pin_tokens=8)
     assert step(paying, [seq(0)]) == (GateStep.MTP, False)  # speculation on its merits: nothing pinned
     assert not paying.next_is_plain([seq(0)])
+
+
+def test_a_step_never_explores_over_a_lookahead_in_flight():
+    policy = controlled("auto", _table([10, 12, 14, 16], 0.1), pin_tokens=8)
+    for _ in range(300):
+        policy.controller.record_plain(1, 10.0, 0.1)  # an allowance saved up
+    s = seq(100)
+    assert policy.choose([s], 10, ahead=True).step is GateStep.PLAIN  # exploring would drop that step
+    assert not policy.next_is_plain([s])  # so the step before an exploration starts no lookahead
+    assert policy.choose([s], 10, ahead=False).exploring
