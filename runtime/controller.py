@@ -36,6 +36,7 @@ class Learning:
     calibration: object | None = None  # a runtime.self_calibration.SelfCalibration
 
 
+EXPLORE_BURST = 4  # an exploration runs this many steps: one cold plain step after it is shared by 4
 CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
 
 
@@ -71,10 +72,11 @@ class SeqView:
 
 
 def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, mtp_max_seqs: int,
-              explore: bool, allowance_ms: float | None) -> Plan:
+              explore: bool, allowance_ms: float | None, continuing: bool = False) -> Plan:
     """Each sequence's depth (None: not eligible, a plain row) by its objective at the batch's width;
     where none pays, the upper bounds' depths if the allowance covers the expected loss (None: no
-    exploration). The one implementation the served path and `metrale replay` both run."""
+    exploration), or while a burst goes on (continuing) and the allowance is not spent. The one
+    implementation the served path and `metrale replay` both run."""
     n = len(views)
 
     def depth(view: SeqView | None, upper: bool) -> int:
@@ -87,7 +89,8 @@ def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, m
     if any(depths) or not explore or allowance_ms is None:
         return Plan(depths)
     upper = tuple(depth(v, True) for v in views)
-    if any(upper) and allowance_ms >= expected_loss(table, views, upper):
+    needed = 0.0 if continuing else expected_loss(table, views, upper)
+    if any(upper) and allowance_ms >= needed and (allowance_ms > 0 or not continuing):
         return Plan(upper, exploring=True)
     return Plan(depths)
 
@@ -111,6 +114,8 @@ class OnlineController:
         self.conversations: OrderedDict[str, dict[Phase, Counts]] = OrderedDict()
         self.phase_speculates: dict[Phase, bool] = {}
         self.switches: list[tuple[Phase, bool]] = []  # phase decision flips not yet traced
+        self.burst_left = 0  # exploring steps left in the current burst
+        self.cold_next = False  # the next plain step follows an exploration (no lookahead in flight)
 
     # --- requests --------------------------------------------------------------------------------
     def control(self, seq) -> RequestControl:
@@ -145,7 +150,8 @@ class OnlineController:
         table = self.costs.table()
         views = [self.view(seq) if ok else None for seq, ok in zip(batch, eligible)]
         plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
-                         explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None)
+                         explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None,
+                         continuing=self.burst_left > 0)
         for seq, depth in zip(batch, plan.depths):
             self.control(seq).depth = depth
         self._note_phase_decisions(batch, eligible, n, table)
@@ -175,6 +181,10 @@ class OnlineController:
     def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True) -> None:
         """A plain step's cost. Only a step the controller chose plain (someone could have drafted)
         pays into the exploration allowance: requests that never draft buy no exploration."""
+        if self.cold_next:
+            self.budget.note_cold(ms, self.costs.table().step_cost(width, 0).ms)
+            self.cold_next = False
+        self.burst_left = 0
         self.costs.observe("verify", width, 0, ms, joules)
         if chosen:
             self.budget.note_plain(ms)
@@ -189,6 +199,10 @@ class OnlineController:
         if plan.exploring:
             plain = self.costs.table().step_cost(n, 0).ms
             self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
+            self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
+        else:
+            self.burst_left = 0
+        self.cold_next = plan.exploring
 
     def record_outcome(self, seq, drafted: int, accepted: int) -> None:
         ctl = self.control(seq)

@@ -39,7 +39,8 @@ class ControllerInputs(msgspec.Struct, frozen=True, kw_only=True):
     draft: tuple[tuple[float, float], ...]
     allowance_ms: float
     share: float
-    explore: bool  # the setting lets it explore (auto, not force)
+    explore: bool  # this step could explore (auto, not force, and no lookahead in flight)
+    continuing: bool = False  # an exploration burst was going on
 
 
 class GateInputs(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,7 +137,7 @@ def _controller_inputs(policy, batch, eligible) -> ControllerInputs:
                             verify=tuple((c.ms, c.joules) for c in table.verify_row(n)),
                             draft=tuple((c.ms, c.joules) for c in table.draft_row(n)),
                             allowance_ms=controller.budget.allowance_ms, share=controller.budget.share,
-                            explore=policy.setting.value == "auto")
+                            explore=policy.explore_allowed, continuing=policy.continuing)
 
 
 def reason(decider: str, choice, any_eligible: bool, capped: bool, gate: GateInputs | None) -> str:

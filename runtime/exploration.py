@@ -2,7 +2,8 @@
 
 Where the planner's best estimate says plain decode pays and the upper bound of acceptance says
 drafting still might, a step may speculate to find out. Its cost is what it lost against plain
-decode: its wall time less the plain cost of the tokens it emitted (never below zero). Every plain
+decode: its wall time less the plain cost of the tokens it emitted (never below zero), and the
+excess of the plain step after it, which starts with no lookahead in flight. Every plain
 step adds `share` of its wall time to the allowance, so over any run exploration costs at most
 `share` of the time spent decoding plainly (1% by default) plus one step; the allowance is capped,
 so a long plain spell cannot buy a burst of losses later.
@@ -39,6 +40,14 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
         self.allowance_ms -= loss
         self.spent_ms += loss
         self.steps += 1
+        return loss
+
+    def note_cold(self, wall_ms: float, warm_ms: float) -> float:
+        """Charge the plain step after an exploration: it had no lookahead in flight, so it paid a
+        whole forward's latency (warm_ms is a plain step's usual cost). Returns the excess."""
+        loss = max(0.0, wall_ms - warm_ms)
+        self.allowance_ms -= loss
+        self.spent_ms += loss
         return loss
 
     def snapshot(self) -> dict:

@@ -168,7 +168,8 @@ def controller_choice(trace: StepTrace, header: TraceHeader, slack: float, objec
     views = [SeqView(objective or s.objective, s.mean, s.upper) if ok and s is not None else None
              for s, ok in zip(ctl.seqs, d.eligible)]
     plan = plan_step(views, table, max_k=header.num_draft_tokens, slack=slack, mtp_max_seqs=header.mtp_max_seqs,
-                     explore=ctl.explore, allowance_ms=ctl.allowance_ms if ctl.share > 0 else None)
+                     explore=ctl.explore, allowance_ms=ctl.allowance_ms if ctl.share > 0 else None,
+                     continuing=ctl.continuing)
     return Choice("mtp" if plan.speculates else "plain", plan.depths, exploring=plan.exploring)
 
 

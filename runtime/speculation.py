@@ -47,6 +47,7 @@ class SpeculationPolicy:
         self.spec_think = spec_think
         self.resume_guard, self.think_markers = resume_guard, think_markers
         self.last: StepChoice | None = None
+        self.explore_allowed, self.continuing = False, False  # the controller's last plan could explore / was a burst
 
     def use_controller(self, controller: OnlineController) -> None:
         """A cost table now exists (the self-calibration finished): the controller decides from here."""
@@ -83,7 +84,9 @@ class SpeculationPolicy:
 
     def _controlled(self, batch, eligible, explore: bool = True) -> StepChoice:
         # Forced: the planner's depths with no exploration, so the path is fixed by the table alone.
-        plan: Plan = self.controller.plan(batch, eligible, explore=explore and self.setting is GateSetting.AUTO)
+        self.explore_allowed = explore and self.setting is GateSetting.AUTO  # what the trace records
+        self.continuing = self.controller.burst_left > 0
+        plan: Plan = self.controller.plan(batch, eligible, explore=self.explore_allowed)
         step = GateStep.MTP if plan.speculates else GateStep.PLAIN
         return StepChoice(step, plan.depths, exploring=plan.exploring)
 

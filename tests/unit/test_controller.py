@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import structlog
 
 from runtime.content_phase import Phase
-from runtime.controller import OnlineController
+from runtime.controller import EXPLORE_BURST, OnlineController
 from runtime.cost_prior import load_prior, save_learned
 from runtime.cost_table import load_table
 from runtime.eligibility import ThinkProgress
@@ -101,3 +101,22 @@ def test_plain_steps_of_requests_that_never_draft_buy_no_exploration():
     for _ in range(100):
         ctl.record_plain(1, 80.0, 1.6, chosen=False)  # e.g. disable_mtp: nobody could have drafted
     assert ctl.budget.earned_ms == 0.0 and ctl.costs.observations == 100
+
+
+def test_an_exploration_runs_as_a_burst_and_pays_for_the_cold_step_after_it():
+    ctl = controller(by_depth=(0.2, 0.1, 0.05))
+    s = seq()
+    for _ in range(400):
+        ctl.record_plain(1, 80.0, 1.6)
+    plans = []
+    for _ in range(6):
+        plan = ctl.plan([s], [True])
+        plans.append(plan.exploring)
+        if not plan.speculates:
+            break
+        ctl.record_spec(plan, [s], verify_depth=max(plan.depths), verify_ms=99.0, verify_j=2.0, draft_width=1,
+                        draft_ms=3.0, draft_j=0.06, tokens=1)
+    assert plans[:EXPLORE_BURST] == [True] * EXPLORE_BURST
+    spent = ctl.budget.spent_ms
+    ctl.record_plain(1, 120.0, 2.4)  # the step after: no lookahead was in flight
+    assert ctl.budget.spent_ms > spent + 30.0 and not ctl.cold_next
