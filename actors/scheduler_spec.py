@@ -30,9 +30,9 @@ class SpecStep:
         await self.verify_drafts(batch, choice, drafts, started, energy)
 
     async def verify_drafts(self, batch: list[Sequence], choice: StepChoice, drafts: list[Drafted | None],
-                            started: float, energy) -> float | None:
+                            started: float, energy) -> tuple[float, tuple] | None:
         """Verify the step's drafts in one target forward, roll each back, record the step's costs and
-        outcomes; the verify ms (None where nothing was verified)."""
+        outcomes; the verify ms and (drafted, accepted) per row (None where nothing was verified)."""
         if not any(drafts):  # nothing to propose: this step decodes plainly
             await self.plain_step(batch)
             return None
@@ -66,7 +66,7 @@ class SpecStep:
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
         outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
         await self.after_step(choice, wall, batch, tokens, joules, outcomes)
-        return (started + wall - drafted_at) * 1e3
+        return (started + wall - drafted_at) * 1e3, outcomes
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""

@@ -3,12 +3,13 @@
 Part of the scheduler actor (it runs inside the scheduler's task and uses its peers). run_cohort
 runs the serial closure and, while it runs, widens each speculative step the controller chose: the
 drafter gives the spine (the chain the serial step would verify) and alternatives (the MTP head's
-next candidates at each depth, or other n-gram continuations); the tree planner
+next candidates at each depth, and n-gram continuations found earlier in the text); the tree planner
 (runtime/tree_plan.py) keeps the alternatives that pay by this machine's measured verify costs and
 the measured hit rate of alternatives; the owner verifies the tree in one forward, walks it and keeps
 the longest accepted path (kernels/tree_verify.py). With no alternative kept, the spine is verified
-as the serial step verifies a chain (the same code, the same records). Width w counts the branches:
-the real chain and w - 1 rows the request generated itself.
+as the serial step verifies a chain (the same code, the same records); a tree step is recorded for
+the controller as the step it was (its cost and accepted count at its depth). Width w counts the
+branches: the real chain and w - 1 rows the request generated itself.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 
 from kernels.ngram_tree import propose_ngram_branches
-from kernels.tree import from_branches, spine_with_leaves
+from kernels.tree import trie
 from runtime.hyper import HyperCohortPlan, HyperRequestMeta
 from runtime.messages import ActorFailure, Drafted, ProposeTree, Sample, VerifyTree
 from runtime.plan import expected_tokens
@@ -79,60 +80,65 @@ class TreeExecutor:
         if not spine:  # nothing to propose: this step decodes plainly, as the serial step would
             await s.plain_step(batch)
             return True
-        draft_ms = (time.perf_counter() - started) * 1e3
+        drafted = (time.perf_counter(), s.meter.read())
         table = s.policy.controller.costs.table()
-        accept = self.acceptance(seq, len(spine))
-        kept = self.planner.choose(table, accept, expected_tokens(accept), draft_ms, candidates)
+        accept = self.planner.spine_acceptance(seq.request_id, len(spine), table.calibration.by_depth)
+        kept = self.planner.choose(table, accept, expected_tokens(accept), (drafted[0] - started) * 1e3, candidates)
         if kept:
-            await self.verify_tree(batch, choice, spine, confidences, kept, started, energy, table)
+            await self.verify_tree(batch, choice, spine, confidences, kept, (started, energy), drafted, table)
             return True
-        drafts = s.allot(batch, [Drafted(tokens=spine, confidences=confidences, has_probs=False,
-                                         seconds=draft_ms / 1e3)])
-        verify_ms = await s.verify_drafts(batch, choice, drafts, started, energy)
-        if verify_ms is not None and drafts[0] is not None:
-            self.planner.note_verify(table, len(drafts[0].tokens), 0, verify_ms)
+        chain = s.allot(batch, [Drafted(tokens=spine, confidences=confidences, has_probs=False,
+                                        seconds=drafted[0] - started)])
+        verified = await s.verify_drafts(batch, choice, chain, started, energy)
+        if verified is not None:
+            verify_ms, ((n, accepted),) = verified
+            self.planner.note_verify(table, n, 0, verify_ms)
+            self.planner.note_spine(seq.request_id, n, accepted)
         s.mode.gate.set_live_width(1)
         return True
 
     async def draft(self, seq, k: int) -> tuple[tuple[int, ...], tuple[float, ...], list[Candidate]]:
+        """The spine, its confidences, and the candidates: the head's at every depth and prompt
+        lookup's continuations (n-gram drafter: its first continuation is the spine)."""
         s = self.scheduler
         top = self.planner.max_width - 1
+        history = seq.prompt_ids + tuple(seq.output_ids)
         if s.policy.drafter == "ngram":
-            branches = propose_ngram_branches(seq.prompt_ids + tuple(seq.output_ids), k, width=top + 1)
-            if not branches:
+            lookup = propose_ngram_branches(history, k, width=top + 1)
+            if not lookup:
                 return (), (), []
-            spine = tuple(branches[0])
-            return spine, (), [Candidate(depth=r, tokens=tuple(b), nodes=len(b) - _shared(spine, b))
-                               for r, b in enumerate(branches[1:], start=1)]
-        drafted = await s.owner.ask(ProposeTree(seq_id=seq.request_id, k=k, top=top))
-        candidates = [Candidate(depth=j, tokens=(token,), prob=prob)
-                      for j, alternatives in enumerate(drafted.alternatives, start=1) for token, prob in alternatives]
-        return drafted.tokens, drafted.confidences, candidates
-
-    def acceptance(self, seq, k: int) -> list[float]:
-        """The request's acceptance posterior at positions 1..k, as the controller holds it."""
-        ctl = self.scheduler.policy.controller.control(seq)
-        return list(ctl.acceptance.mean(ctl.phase, k))
-
-    async def verify_tree(self, batch, choice, spine, confidences, kept, started, energy, table) -> None:
-        s, seq = self.scheduler, batch[0]
-        if kept[0].prob is None:  # in rank order, no branch is a prefix of an earlier one: none is dropped
-            kept = sorted(kept, key=lambda c: c.depth)
-            tree = from_branches([list(spine)] + [list(c.tokens) for c in kept])
+            spine, confidences, candidates, lookup = tuple(lookup[0]), (), [], lookup[1:]
         else:
-            tree = spine_with_leaves(spine, [(c.depth, c.tokens[0]) for c in kept])
-        assert tree.width == len(kept) + 1, "a kept alternative added no branch"
-        drafted_at = time.perf_counter()
+            drafted = await s.owner.ask(ProposeTree(seq_id=seq.request_id, k=k, top=top))
+            spine, confidences = drafted.tokens, drafted.confidences
+            candidates = [Candidate(depth=j, tokens=(token,), prob=prob)
+                          for j, alternatives in enumerate(drafted.alternatives, start=1) for token, prob in alternatives]
+            lookup = propose_ngram_branches(history, k, width=top)
+        candidates += [Candidate(depth=r, tokens=tuple(b), nodes=len(b) - _shared(spine, b))
+                       for r, b in enumerate(lookup, start=1) if len(b) > _shared(spine, b)]
+        return spine, confidences, candidates
+
+    async def verify_tree(self, batch, choice, spine, confidences, kept, started, drafted, table) -> None:
+        s, seq = self.scheduler, batch[0]
+        tree, grew = trie([list(spine)] + [c.branch(spine) for c in kept])
+        kept = [kept[i - 1] for i in grew[1:]]  # one repeating another's path adds nothing: dropped
         try:
             got = await s.owner.ask(VerifyTree(seq_id=seq.request_id, tokens=tree.tokens, parents=tree.parents,
                                                leaves=tree.leaves))
         except ActorFailure as e:
             await s.fail(seq, e)
             return
-        wall, joules = time.perf_counter() - started, s.meter.read().since(energy)
-        self.planner.note_verify(table, len(spine), tree.size - len(spine), (started + wall - drafted_at) * 1e3)
-        self.note_outcome(seq, spine, kept, got, choice, wall, table)
-        depth = max(tree.depths())
+        ended, energy = time.perf_counter(), s.meter.read()
+        wall, depth = ended - started[0], max(tree.depths())
+        self.planner.note_verify(table, len(spine), tree.size - len(spine), (ended - drafted[0]) * 1e3)
+        self.note_outcome(seq, spine, kept, got)
+        # The controller is told the step as run (the tree's cost and outcome at its depth), so the
+        # depth it chooses is the tree's; the spine's own record stays with the planner.
+        s.policy.controller.record_spec(choice, batch, verify_depth=depth, verify_ms=(ended - drafted[0]) * 1e3,
+                                        verify_j=energy.since(drafted[1]), draft_width=1,
+                                        draft_ms=(drafted[0] - started[0]) * 1e3,
+                                        draft_j=drafted[1].since(started[1]), tokens=len(got.emitted))
+        s.policy.controller.record_outcome(seq, depth, got.accepted)
         seq.spec.note_verify(depth, got.accepted, wall, confidences)
         gate = s.mode.gate
         gate.set_live_width(tree.width)
@@ -143,20 +149,17 @@ class TreeExecutor:
         await s.telemetry.tell(Sample(name="accepted_tokens_total", value=got.accepted))
         await s.emit(seq, list(got.emitted))
         s.mode.note_step("tree", 1, tree.size, got.accepted)
-        await s.after_step(choice, wall, batch, len(got.emitted), joules, ((depth, got.accepted),))
+        await s.after_step(choice, wall, batch, len(got.emitted), energy.since(started[1]), ((depth, got.accepted),))
 
-    def note_outcome(self, seq, spine, kept, got, choice, wall: float, table) -> None:
-        """The planner learns the alternatives' hits; the controller the spine's own outcome (what
-        the chain alone would have had accepted), so its chain acceptance stays a chain's."""
+    def note_outcome(self, seq, spine, kept, got) -> None:
+        """The planner learns the alternatives' hits and each one's extra tokens over the spine, and
+        the spine's own outcome (what the chain alone would have had accepted)."""
         spine_accepted = got.branch_accepted[0]
         won = kept[got.branch - 1] if got.branch else None
         extra = {c.depth: max(0, got.branch_accepted[i + 1] - spine_accepted) for i, c in enumerate(kept)
-                 if i + 1 < len(got.branch_accepted)}
+                 if c.prob is None and i + 1 < len(got.branch_accepted)}
         self.planner.note_outcome(kept, spine_accepted, won, extra)
-        controller = self.scheduler.policy.controller
-        controller.record_outcome(seq, len(spine), spine_accepted)
-        if choice.exploring:  # the controller chose this step to learn: it is charged as such
-            controller.budget.note_explored(wall * 1e3, table.verify_cost(1, 0).ms, len(got.emitted))
+        self.planner.note_spine(seq.request_id, len(spine), spine_accepted)
 
     def snapshot(self) -> dict:
         support = self.support

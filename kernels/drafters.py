@@ -87,7 +87,7 @@ class MtpDrafter:
             logprobs.append(top1_logprob(logits))
             ids.append(_full(head, greedy(logits)))
             probs = mx.softmax(logits.astype(mx.float32))
-            order = mx.argsort(-probs)[:top + 1]
+            order = mx.argpartition(-probs, kth=top)[:top + 1]  # the top + 1 likeliest, unordered
             tops.append((_full(head, order), probs[order]))
             if depth + 1 < k:
                 x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache)
@@ -97,7 +97,8 @@ class MtpDrafter:
         top_ids, top_probs = mx.stack([i for i, _ in tops]), mx.stack([p for _, p in tops])
         mx.eval(ids_array, logprob_array, top_ids, top_probs)
         spine = ids_array.tolist()
-        alternatives = [[(i, p) for i, p in zip(row_ids, row_probs) if i != spine[depth]][:top]
+        alternatives = [sorted(((i, p) for i, p in zip(row_ids, row_probs) if i != spine[depth]),
+                               key=lambda c: -c[1])[:top]
                         for depth, (row_ids, row_probs) in enumerate(zip(top_ids.tolist(), top_probs.tolist()))]
         return spine, logprob_array.tolist(), alternatives
 

@@ -79,11 +79,17 @@ class DraftTree:
 def from_branches(branches: Sequence[Sequence[int]]) -> DraftTree:
     """The trie of the branches (shared prefixes merged); branch 0 first. Empty and duplicate
     branches are dropped; an alternative that only repeats a prefix of another one adds no node."""
+    return trie(branches)[0]
+
+
+def trie(branches: Sequence[Sequence[int]]) -> tuple[DraftTree, list[int]]:
+    """from_branches' tree, and which branches became its leaves (their indices, in leaf order)."""
     tokens: list[int] = []
     parents: list[int] = []
     children: list[dict[int, int]] = [{}]
     leaves: list[int] = []
-    for branch in branches:
+    kept: list[int] = []
+    for index, branch in enumerate(branches):
         node, grew = 0, False
         for token in branch:
             child = children[node].get(token)
@@ -97,7 +103,8 @@ def from_branches(branches: Sequence[Sequence[int]]) -> DraftTree:
             node = child
         if node and (grew or not leaves):
             leaves.append(node)
-    return DraftTree(tuple(tokens), tuple(parents), tuple(leaves))
+            kept.append(index)
+    return DraftTree(tuple(tokens), tuple(parents), tuple(leaves)), kept
 
 
 def spine_with_leaves(spine: Sequence[int], leaves: Sequence[tuple[int, int]]) -> DraftTree:

@@ -3,7 +3,8 @@
 After the spine (the chain of K drafts the controller asked for) is drafted, each alternative is a
 candidate: for the MTP head, a token among the head's next choices at spine depth j, hanging beside
 spine token j as a leaf (its drafting is free: the head computed that distribution for the spine);
-for n-gram lookup, another continuation found earlier in the text. A candidate adds
+for n-gram lookup, a continuation found earlier in the text (beside an MTP spine too: prompt
+lookup costs microseconds and often knows what the head does not). A candidate adds
 
     g = P(the walk reaches its parent) * P(it is the target's token)  [MTP leaf: one token]
     g = the mean extra tokens its rank gave over the spine so far    [n-gram branch]
@@ -13,15 +14,23 @@ maximise (E + sum of their g) / (D + V(K, m)): E the chain's expected tokens, D 
 spent, V(K, m) the verify time of K spine and m extra nodes. So width 1 (m = 0) is planned wherever
 no alternative pays, and the width follows what this machine's verify costs and this drafter's
 alternatives are measured to be:
-- V(K, m) = plain ms * exp(L(K, m)), L learned per cell from served tree and chain verifies (a
-  clipped running mean, runtime/online_cost.py's RobustEstimate), shrunk toward L(K, 0) + m * s,
-  s the learned log-cost of one extra node; before any chain verify, L(K, 0) is the cost table's.
-- P(reach depth j) = the product of the request's acceptance posterior at 1..j-1 (the controller's);
+- V(K, m) = exp(L(K, m)), L the log of verify ms learned per cell from served tree and chain
+  verifies (a clipped running mean, runtime/online_cost.py's RobustEstimate), shrunk toward
+  L(K, 0) + m * s, s the learned log-cost of one extra node; L(K, 0) is shrunk toward the log of
+  the cost table's verify(1, K). Absolute, not relative to a plain step: a reference that is itself
+  still learning would move the cells observed at different times apart.
+- E and P(reach depth j) come from the spine's own acceptance by position: this request's spine
+  outcomes (decayed 0.95 per outcome), shrunk toward every request's (decayed 0.995), shrunk toward
+  the cost table's chain acceptance. (The controller is told what the tree accepted, so that it
+  chooses the depth of the step as run; the spine's own record is kept here.)
   P(target's token) = a_j * q, q the head's probability, a_j a calibration of hits over the summed q
   of alternatives that were reached (decayed), starting at 1 (q at face value).
-The extra-node cost is unknown until tried: while fewer than EXPLORE_UNTIL tree verifies have been
-seen, every EXPLORE_EVERY-th step with candidates keeps at least one (the cost is one verify node,
-a few percent of one step).
+Both sides of that comparison are measured, so neither is left to a guess: while fewer than
+EXPLORE_UNTIL tree verifies have been seen, every EXPLORE_EVERY-th step with candidates keeps at
+least one (one verify node, a few percent of a step); while a spine length's chain cell has fewer
+than EXPLORE_UNTIL verifies, every EXPLORE_EVERY-th step verifies the spine alone (the serial step).
+(The cost table's verify cell cannot stand in for the chain: the controller is told the tree steps
+too, so there it is their mixture.)
 
 Pure: no clock, no I/O, no MLX.
 """
@@ -31,15 +40,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from runtime.acceptance_online import PRIOR_TRIALS, REQUEST_TRIALS, Counts, posterior
 from runtime.online_cost import RobustEstimate, shrunk
 
 HIT_PRIOR = 1.0  # an alternative's head probability taken at face value until measured
 HIT_MASS = 8.0  # pseudo-mass of that prior
 DECAY = 0.995  # per tested alternative: the calibration remembers the last ~200
-NGRAM_PRIOR = 0.05  # extra tokens an n-gram alternative is assumed to add before measured
+NGRAM_PRIOR = 0.25  # extra tokens an n-gram alternative adds before measured: optimistic, so it is tried
 NGRAM_TRIALS = 4.0
 NODE_PRIOR = 0.05  # log-cost of one extra verify node before measured (5% of a plain step)
 EXPLORE_EVERY, EXPLORE_UNTIL = 16, 8
+SPINE_DECAY, REQUEST_SPINE_DECAY = 0.995, 0.95
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,10 @@ class Candidate:
     tokens: tuple[int, ...]  # MTP: one token; n-gram: the whole continuation
     prob: float | None = None  # the head's probability (None for n-gram)
     nodes: int = 1  # new tree nodes it adds
+
+    def branch(self, spine) -> list[int]:
+        """The tokens from the root to its end."""
+        return list(self.tokens) if self.prob is None else list(spine[:self.depth - 1]) + list(self.tokens)
 
 
 @dataclass
@@ -68,12 +83,29 @@ class Calibration:
 @dataclass
 class TreePlanner:
     max_width: int
-    verify: dict[tuple[int, int], RobustEstimate] = field(default_factory=dict)  # (K, m) -> log(ms / plain)
+    verify: dict[tuple[int, int], RobustEstimate] = field(default_factory=dict)  # (K, m) -> log(verify ms)
     node: RobustEstimate = field(default_factory=RobustEstimate)  # one extra node's log-cost
     hits: dict[int, Calibration] = field(default_factory=dict)  # MTP: by spine depth; 0: all depths
     ngram: dict[int, Calibration] = field(default_factory=dict)  # n-gram: by rank
+    spine_all: Counts = field(default_factory=Counts)  # every request's spine outcomes
+    spine_request: tuple[str, Counts] = ("", Counts())  # the request being served (one at a time)
     steps: int = 0
     trees: int = 0
+
+    # --- the spine's own acceptance -------------------------------------------------------------------
+    def spine_acceptance(self, request_id: str, k: int, prior) -> list[float]:
+        """P(spine draft t accepted | 1..t-1 were) for t = 1..k, this request's, shrunk as above."""
+        base = posterior(self.spine_all, prior, PRIOR_TRIALS, k)
+        own = self.spine_request[1] if self.spine_request[0] == request_id else Counts()
+        return list(posterior(own, base, REQUEST_TRIALS, k))
+
+    def note_spine(self, request_id: str, drafted: int, accepted: int) -> None:
+        if self.spine_request[0] != request_id:
+            self.spine_request = (request_id, Counts())
+        self.spine_all.decay(SPINE_DECAY)
+        self.spine_all.add(drafted, accepted)
+        self.spine_request[1].decay(REQUEST_SPINE_DECAY)
+        self.spine_request[1].add(drafted, accepted)
 
     # --- deciding ----------------------------------------------------------------------------------
     def choose(self, table, reach: list[float], chain_tokens: float, draft_ms: float,
@@ -89,8 +121,11 @@ class TreePlanner:
             rate = tokens / (draft_ms + self.verify_ms(table, k, nodes))
             if rate > best_rate * (1 + 1e-12):
                 best, best_rate = m, rate
-        if not best and ranked and self.trees < EXPLORE_UNTIL and self.steps % EXPLORE_EVERY == 0:
-            best = 1  # learn what an extra node costs here
+        if self.steps % EXPLORE_EVERY == 0 and ranked:
+            if not best and self.trees < EXPLORE_UNTIL:
+                best = 1  # learn what an extra node costs here
+            elif best and _count(self.verify.get((k, 0))) < EXPLORE_UNTIL:
+                best = 0  # learn what the chain alone costs here
         return ranked[:best]
 
     def gain(self, cand: Candidate, reach: list[float]) -> float:
@@ -104,25 +139,24 @@ class TreePlanner:
 
     def verify_ms(self, table, k: int, m: int) -> float:
         """Verify ms of k spine and m extra nodes at this sequence's width of one."""
-        plain = table.verify_cost(1, 0).ms
-        chain = shrunk(self.verify.get((k, 0)), math.log(table.verify_cost(1, k).ms / plain))
+        chain = self._chain(table, k)
         if m == 0:
-            return plain * math.exp(chain)
-        per_node = shrunk(self.node, NODE_PRIOR)
-        return plain * math.exp(shrunk(self.verify.get((k, m)), chain + m * per_node))
+            return math.exp(chain)
+        return math.exp(shrunk(self.verify.get((k, m)), chain + m * shrunk(self.node, NODE_PRIOR)))
+
+    def _chain(self, table, k: int) -> float:
+        return shrunk(self.verify.get((k, 0)), math.log(table.verify_cost(1, k).ms))
 
     # --- what happened -----------------------------------------------------------------------------
     def note_verify(self, table, k: int, m: int, ms: float) -> None:
         """A served verify of k spine and m extra nodes took ms (m = 0: a chain)."""
-        plain = table.verify_cost(1, 0).ms
-        if not (ms > 0 and plain > 0):
+        if not ms > 0:
             return
-        x = math.log(ms / plain)
-        self.verify.setdefault((k, m), RobustEstimate()).update(x)
+        x = math.log(ms)
         if m:
             self.trees += 1
-            chain = shrunk(self.verify.get((k, 0)), math.log(table.verify_cost(1, k).ms / plain))
-            self.node.update((x - chain) / m)
+            self.node.update((x - self._chain(table, k)) / m)
+        self.verify.setdefault((k, m), RobustEstimate()).update(x)
 
     def note_outcome(self, kept: list[Candidate], spine_accepted: int, won: Candidate | None,
                      extra: dict[int, int] | None = None) -> None:
@@ -138,11 +172,13 @@ class TreePlanner:
 
     def snapshot(self) -> dict:
         return {"max_width": self.max_width, "steps": self.steps, "tree_verifies": self.trees,
+                "spine_acceptance": [round(h / t, 3) if t else None
+                                     for t, h in zip(self.spine_all.trials[:4], self.spine_all.hits[:4])],
                 "extra_node_log_cost": round(shrunk(self.node, NODE_PRIOR), 4),
                 "hit_calibration": {d: round(self.hit_rate(d), 3) for d in sorted(self.hits)},
                 "ngram_extra_tokens": {r: round(c.rate(NGRAM_PRIOR, NGRAM_TRIALS), 3)
                                        for r, c in sorted(self.ngram.items())},
-                "verify_cells": [{"k": k, "m": m, "count": e.count, "log_ratio": round(e.centre, 4)}
+                "verify_cells": [{"k": k, "m": m, "count": e.count, "ms": round(math.exp(e.centre), 2)}
                                  for (k, m), e in sorted(self.verify.items())]}
 
 
@@ -152,3 +188,7 @@ def _reach(reach: list[float], depth: int) -> float:
     for p in reach[:depth - 1]:
         out *= p
     return out
+
+
+def _count(estimate: RobustEstimate | None) -> int:
+    return estimate.count if estimate is not None else 0

@@ -96,3 +96,15 @@ def test_what_it_keeps_is_a_best_first_prefix_of_at_most_width_minus_one(probs, 
     assert len(kept) <= width - 1
     ranked = sorted(leaves(*probs), key=lambda c: -c.prob)
     assert [c.prob for c in kept] == [c.prob for c in ranked[:len(kept)]]
+
+
+def test_an_unmeasured_chain_is_verified_alone_now_and_then():
+    """The chain's own cost is measured too: where alternatives always pay, every EXPLORE_EVERY-th
+    step still verifies the spine alone until its cell has EXPLORE_UNTIL verifies."""
+    planner = TreePlanner(max_width=4)
+    likely = leaves(0.9)
+    kept = [planner.choose(TABLE, ACCEPT, 1.875, 2.0, likely) for _ in range(EXPLORE_EVERY * 2)]
+    assert sum(1 for k in kept if not k) == 2
+    for _ in range(EXPLORE_UNTIL):
+        planner.note_verify(TABLE, 3, 0, 13.0)
+    assert all(planner.choose(TABLE, ACCEPT, 1.875, 2.0, likely) for _ in range(EXPLORE_EVERY * 2))
