@@ -65,11 +65,20 @@ class Actor:
     def closing(self) -> bool:
         return self._closing
 
-    async def close(self) -> None:
-        """Stop after the messages already queued; safe to call twice."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Stop after the messages already queued; safe to call twice. An actor still running after
+        `timeout` (waiting on a peer that died, say) is cancelled: shutdown never hangs."""
         if self._task is None or self._task.done():
             return
         self._closing = True
+        try:
+            await asyncio.wait_for(self._stop_and_wait(), timeout)
+        except asyncio.TimeoutError:
+            self.log.error("actor_stop_timed_out", seconds=timeout)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _stop_and_wait(self) -> None:
         await self.inbox.put((_STOP, None))
         await asyncio.shield(self._task)
 

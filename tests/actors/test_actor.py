@@ -87,3 +87,19 @@ async def test_no_tasks_leak():
     for a in actors:
         await a.close()
     assert asyncio.all_tasks() == before
+
+
+async def test_an_actor_stuck_on_a_dead_peer_is_cancelled_at_close_and_torn_down():
+    class Stuck(Echo):
+        async def handle(self, msg):
+            await asyncio.get_running_loop().create_future()  # a reply that never comes
+
+    actor = Stuck()
+    actor.start()
+    asker = asyncio.ensure_future(actor.ask("x"))
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(5):
+        await actor.close(timeout=0.1)
+    assert actor._task.done() and actor.torn_down == 1
+    with pytest.raises(ActorFailure):  # the asker is answered, not left waiting
+        await asker
