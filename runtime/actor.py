@@ -108,8 +108,8 @@ class Actor:
         except Rejected as e:
             self._reply_error(reply, e)
         except Exception as e:
+            self._reply_error(reply, ActorFailure(self.name, f"{type(e).__name__}: {e}"))  # the asker first
             self.log.exception("handler_failed", message=type(msg).__name__)
-            self._reply_error(reply, ActorFailure(self.name, f"{type(e).__name__}: {e}"))
         else:
             if reply is not None and not reply.done():
                 reply.set_result(result)
