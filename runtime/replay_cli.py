@@ -66,14 +66,11 @@ def summary(result: Replay) -> str:
 
 
 def plot(result: Replay, path: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("metrale replay --plot needs matplotlib: pip install 'metrale[plot]'") from None
-    matplotlib.use("Agg")  # no screen: render to the file
-    import matplotlib.pyplot as plt
+    from runtime.bench import _plot
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6))
+    fig, axes = _plot.figure("metrale replay", "replay: what was delivered and what the replayed policies "
+                             "would have", rows=2, size=(9, 6.5))
+    top, bottom = axes[0][0], axes[1][0]
     for label, pick in (("recorded", lambda r: r.actual), ("replayed", lambda r: r.delivered)):
         t = tokens = 0.0
         xs, ys = [0.0], [0.0]
@@ -92,7 +89,6 @@ def plot(result: Replay, path: str) -> None:
                 linestyle="--")
     bottom.set_xlabel("step")
     bottom.set_ylabel("draft depth")
+    bottom.yaxis.get_major_locator().set_params(integer=True)  # depths are whole tokens
     bottom.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _plot.save(fig, path, summary(result))

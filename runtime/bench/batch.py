@@ -15,7 +15,7 @@ rounds would fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a
 range is below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this
 machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
 min_ratio_on_vs_off=R (the smallest median ratio over the widths) widths_lost_off_vs_batchgen=N
-widths_lost_on_vs_off=N.
+widths_lost_on_vs_off=N. --plot FILE.png draws tok/s and the ratios against clients.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import asyncio
 import statistics
 from collections import Counter
 
+from runtime.bench import _plot
 from runtime.bench.common import table
 
 PROMPTS = ["Write a short story about a robot learning to paint.", "Explain how a bicycle works.",
@@ -42,10 +43,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompts", choices=("mixed", "chat", "code"), default="mixed",
                         help="mixed: eight everyday and programming prompts; chat, code: the held-out sets")
     parser.add_argument("--control", action="store_true", help="run speculation off twice per round (A/A)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw tok/s and ratios against clients")
     args = parser.parse_args(argv)
+    if args.plot:
+        _plot.pyplot(parser.prog)  # fail before measuring, not after
     widths = [int(w) for w in args.widths.split(",")]
     systems = SYSTEMS + (CONTROL,) if args.control else SYSTEMS
-    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts), systems))
+    return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts), systems,
+                           args.plot))
 
 
 def prompt_texts(name: str) -> list[str]:
@@ -60,14 +65,14 @@ CONTROL = "mtp_batch_off_again"
 
 
 async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS,
-              systems: tuple[str, ...] = SYSTEMS) -> int:
+              systems: tuple[str, ...] = SYSTEMS, plot_path: str | None = None) -> int:
     from kernels.bare import BatchGeneratorRunner
     from runtime.bench.serving import LoopbackServer, pooled
 
     async with LoopbackServer(max(widths), port) as server:
         codec = server.system.codec
         batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
-        rows, off_ratios, on_ratios = [], [], []  # per width: the ratio of each round
+        rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
         warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
         for name in systems:  # untimed: first runs page weights in and build every code path once
             await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
@@ -91,13 +96,17 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
                 ratio, spread = (f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}..{max(ratios):.3f}") \
                     if ratios else ("", "")
                 rows.append([width, name, r.tokens, r.tok_s, r.itl_p50 * 1000, r.itl_p99 * 1000, ratio, spread, spec])
+                points.append((width, name, r.tok_s, ratios))
             off_ratios.append(off)
             on_ratios.append(on)
     print(table(["clients", "system", "tokens", "agg_tok_s", "itl_p50_ms", "itl_p99_ms", "ratio", "range",
                  "spec_steps"], rows))
     print("ratio: off vs batchgen, on vs off, off again vs off (median over rounds of the ratio within a round); "
           "range: over rounds")
-    print(summary(off_ratios, on_ratios))
+    last = summary(off_ratios, on_ratios)
+    print(last)
+    if plot_path:
+        plot(points, last, plot_path)
     return 0
 
 
@@ -108,6 +117,35 @@ def summary(off_ratios: list[list[float]], on_ratios: list[list[float]]) -> str:
     lowest = [f"min_ratio_{key}={min(statistics.median(r) for r in ratios):.3f}" for key, ratios in pairs]
     lost = [f"widths_lost_{key}={sum(max(r) < 1.0 for r in ratios)}" for key, ratios in pairs]
     return " ".join(lowest + lost)
+
+
+RATIO_LABELS = {"mtp_batch_off": "off / batchgen", "mtp_batch_on": "on / off", CONTROL: "off again / off (A/A)"}
+
+
+def plot(points: list[tuple], last: str, path: str) -> None:
+    """points: (clients, system, pooled tok/s, per-round ratios or None). Top: tok/s per system;
+    bottom: each ratio's median over rounds, its bar the rounds' range."""
+    fig, axes = _plot.figure("metrale bench batch", "bench batch: aggregate tok/s and ratios against clients",
+                             rows=2, size=(9, 7.5))
+    top, bottom = axes[0][0], axes[1][0]
+    widths = sorted({p[0] for p in points})
+    for name in dict.fromkeys(p[1] for p in points):  # systems in run order
+        mine = [p for p in points if p[1] == name]
+        line, = top.plot([p[0] for p in mine], [p[2] for p in mine], marker="o", label=name)
+        rated = [(w, statistics.median(r), min(r), max(r)) for w, _, _, r in mine if r]
+        if rated:
+            ws, mid, lo, hi = zip(*rated)
+            errors = ([m - a for m, a in zip(mid, lo)], [b - m for m, b in zip(mid, hi)])
+            bottom.errorbar(ws, mid, yerr=errors, marker="o", capsize=3, color=line.get_color(),
+                            label=RATIO_LABELS.get(name, name))  # a ratio wears its numerator's colour
+    _plot.even(bottom)
+    for ax, label in ((top, "aggregate tok/s"), (bottom, "tok/s ratio (median, range over rounds)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths, labels=[str(w) for w in widths])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    _plot.save(fig, path, last)
 
 
 async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps: Counter):

@@ -25,7 +25,8 @@ positions 1..4; `identical` counts outputs byte-identical to plain decode (greed
 Then per set the best fixed K (highest tok/s) and served tok/s over it: near 1.0 means the gate
 and planner found the best depth on their own. Last line: served_speedup_chat=R
 served_speedup_code=R served_vs_best_fixed_min=R [foreign_speedup_chat=R foreign_speedup_code=R]
-identical=0|1 (1 only if every compared output of every run matched plain).
+identical=0|1 (1 only if every compared output of every run matched plain). --plot FILE.png draws
+each run's per-prompt speedup along each set and its tok/s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from runtime.bench import _plot
 from runtime.bench.common import table
 
 FOREIGN_MACHINE = "Linux-x86_64 | Foreign Test CPU | 2 cpus"
@@ -45,13 +47,19 @@ WINDOW = 5  # prompts per window of worst5
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.plot:
+        _plot.pyplot("metrale bench serve")  # fail before measuring, not after
     from kernels.default_model import ensure_default_model
     from runtime.bench.spec import prompt_set
 
     sets = {name: prompt_set(name, args.prompts) for name in args.sets.split(",") if name}
     model_dir = ensure_default_model()
     results = {name: measure(model_dir, extra, sets, args, plain) for name, extra, plain in plan(args)}
-    print(report(with_served_plain(results), sets, args.clients))
+    paired = with_served_plain(results)
+    text = report(paired, sets, args.clients)
+    print(text)
+    if args.plot:
+        plot(*curves(paired, sets), text.splitlines()[-1], args.plot)
     return 0
 
 
@@ -75,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="concurrent requests per group (pair with --scheduler-mode mtp_batch and "
                         "--extra-serve-args '--max-active-requests C')")
     p.add_argument("--extra-serve-args", default="", help="appended to every server's command line")
+    p.add_argument("--plot", metavar="FILE.png", help="draw per-prompt speedups and tok/s per run")
     return p
 
 
@@ -226,3 +235,43 @@ def summary(served: dict, foreign: dict, vs_fixed: list[float], identical: bool)
     if foreign:
         keys += [f"foreign_speedup_{s}={r(foreign.get(s))}" for s in ("chat", "code")]
     return " ".join(keys + [f"identical={int(identical)}"])
+
+
+def curves(results: dict[str, dict], sets) -> tuple[dict, dict]:
+    """Plain data for plot(), per set and run: the speedup of each prompt group (plain seconds over
+    speculative ones) and (speculative tok/s, plain tok/s), pooled."""
+    def rate(batches) -> float:
+        return sum(b.tokens for b in batches) / sum(b.seconds for b in batches)
+
+    speedup = {s: {run: [p.seconds / x.seconds for x, p in by_set[s]] for run, by_set in results.items()}
+               for s in sets}
+    tok_s = {s: {run: (rate([x for x, _ in by_set[s]]), rate([p for _, p in by_set[s]]))
+                 for run, by_set in results.items()} for s in sets}
+    return speedup, tok_s
+
+
+def plot(speedup: dict[str, dict[str, list[float]]], tok_s: dict[str, dict[str, tuple[float, float]]],
+         last: str, path: str) -> None:
+    """One row per set: each run's per-prompt speedup along the set (left) and its tok/s beside the
+    plain requests it is compared with (right; a fixed-K run's are the served run's)."""
+    fig, axes = _plot.figure("metrale bench serve", "bench serve: speculation against disable_mtp, as served",
+                             rows=len(speedup), cols=2, size=(12, 3.8 * len(speedup) + 0.6))
+    for (left, right), set_name in zip(axes, speedup):
+        for run, values in speedup[set_name].items():
+            fixed = run.startswith("K=")
+            left.plot(range(1, len(values) + 1), values, marker="." if fixed else "o", linewidth=0.8 if fixed else 1.6,
+                      linestyle=":" if fixed else "-", label=run)
+        _plot.even(left, "plain")
+        left.set(title=f"{set_name}: per-prompt speedup", xlabel="prompt (group) in set order",
+                 ylabel="plain s / speculative s")
+        left.legend(fontsize=8)
+        runs = list(tok_s[set_name])
+        at = range(len(runs))
+        spec = right.bar([i - 0.2 for i in at], [tok_s[set_name][r][0] for r in runs], 0.4, label="speculative")
+        plain = right.bar([i + 0.2 for i in at], [tok_s[set_name][r][1] for r in runs], 0.4, label="plain", alpha=0.5)
+        for bars in (spec, plain):
+            right.bar_label(bars, fmt="%.1f", fontsize=7)
+        right.set_xticks(list(at), labels=runs)
+        right.set(title=f"{set_name}: tok/s per run", xlabel="run", ylabel="tok/s")
+        right.legend(fontsize=8)
+    _plot.save(fig, path, last)

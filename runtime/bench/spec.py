@@ -11,7 +11,7 @@ Two prompt sets (code-like and free chat). Prints tok/s, speedup over the plain 
 (pooled over the prompts, and the median of per-prompt speedups) and acceptance by position.
 Last line: best_speedup_code=R best_speedup_chat=R (the best drafter and K, pooled)
 median_speedup_code=R median_speedup_chat=R (that same cell's median over prompts: one lucky
-prompt cannot carry it).
+prompt cannot carry it). --plot FILE.png draws speedup against K, per drafter and set.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
+from runtime.bench import _plot
 from runtime.bench.common import table
 
 PROMPT_DIR = Path(__file__).resolve().parents[2] / "tests" / "prompts"
@@ -52,12 +53,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--drafters", default="ngram,mtp", help="mtp runs only where a head is found")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw speedup against K (needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.plot:
+        _plot.pyplot(parser.prog)  # fail before measuring, not after
     ks = [int(k) for k in args.ks.split(",")]
-    return asyncio.run(run(args.prompts, args.max_tokens, ks, args.drafters.split(",")))
+    return asyncio.run(run(args.prompts, args.max_tokens, ks, args.drafters.split(","), args.plot))
 
 
-async def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -> int:
+async def run(count: int, max_tokens: int, ks: list[int], drafters: list[str], plot_path: str | None = None) -> int:
     from kernels.default_model import ensure_default_model
     from kernels.heads import find_mtp_head
 
@@ -66,8 +70,11 @@ async def run(count: int, max_tokens: int, ks: list[int], drafters: list[str]) -
     sets = {name: prompt_set(name, count) for name in ("code", "chat")}
     phases = {d: await phase(model_dir, d, ks, sets, max_tokens) for d in drafters}
     best = {name: _report(name, {d: runs[name] for d, runs in phases.items()}) for name in sets}
-    print(f"best_speedup_code={best['code'][0]:.3f} best_speedup_chat={best['chat'][0]:.3f} "
-          f"median_speedup_code={best['code'][1]:.3f} median_speedup_chat={best['chat'][1]:.3f}")
+    last = (f"best_speedup_code={best['code'][0]:.3f} best_speedup_chat={best['chat'][0]:.3f} "
+            f"median_speedup_code={best['code'][1]:.3f} median_speedup_chat={best['chat'][1]:.3f}")
+    print(last)
+    if plot_path:
+        plot({name: {d: curve(runs[name]) for d, runs in phases.items()} for name in sets}, last, plot_path)
     return 0
 
 
@@ -147,3 +154,26 @@ def _report(set_name: str, phases: dict[str, dict]) -> tuple[float, float]:
                 rows))
     print()
     return best
+
+
+def curve(runs: dict[tuple, list]) -> list[tuple[int, float, float]]:
+    """One drafter on one set: (K, pooled speedup, median speedup) per K, plain left out."""
+    return [(k, *speedups(results, runs[PLAIN])) for (kind, k), results in runs.items() if kind != "plain"]
+
+
+def plot(curves: dict[str, dict[str, list[tuple[int, float, float]]]], last: str, path: str) -> None:
+    """curves: set -> drafter -> curve(); one panel per set, pooled solid and median dashed."""
+    fig, axes = _plot.figure("metrale bench spec", "bench spec: speedup over plain decode against K",
+                             cols=len(curves), size=(5.5 * len(curves), 4.5))
+    for ax, (set_name, by_drafter) in zip(axes[0], curves.items()):
+        for drafter, points in by_drafter.items():
+            ks, pooled_x, median_x = zip(*points)
+            line, = ax.plot(ks, pooled_x, marker="o", label=f"{drafter} pooled")
+            ax.plot(ks, median_x, marker=".", linestyle="--", color=line.get_color(), label=f"{drafter} median")
+        _plot.even(ax, "plain decode")
+        ax.set_xticks(sorted({k for points in by_drafter.values() for k, _, _ in points}))
+        ax.set_title(f"{set_name} prompts")
+        ax.set_xlabel("K (draft tokens per step)")
+        ax.set_ylabel("speedup (tok/s over plain)")
+        ax.legend(fontsize=8)
+    _plot.save(fig, path, last)
