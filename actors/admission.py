@@ -26,7 +26,7 @@ class Admission(Actor):
 
     def __init__(self, config: AdmissionConfig, codec: TextCodec, context_length: int,
                  scheduler: Actor, telemetry: Actor):
-        super().__init__(inbox_size=1024)
+        super().__init__()  # its inbox bound: Config.actors
         self.config, self.codec, self.context_length = config, codec, context_length
         self.scheduler, self.telemetry = scheduler, telemetry
         self.pending: set[str] = set()

@@ -20,7 +20,7 @@ class Drafter(Actor):
     name = "drafter"
 
     def __init__(self, kind: str, owner: Actor, telemetry: Actor, ngram_max: int = 3):
-        super().__init__(inbox_size=64)
+        super().__init__()  # its inbox bound: Config.actors
         self.kind, self.owner, self.telemetry, self.ngram_max = kind, owner, telemetry, ngram_max
 
     async def handle(self, msg: Draft | DraftMany) -> Drafted | tuple[Drafted, ...]:

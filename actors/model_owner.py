@@ -29,7 +29,7 @@ class ModelOwner(Actor):
 
     def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
                  batched: bool = False):
-        super().__init__(inbox_size=64)
+        super().__init__()  # its inbox bound: Config.actors
         self.model_path = model_path
         self.prefill_step = prefill_step
         self.spec = spec

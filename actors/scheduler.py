@@ -44,7 +44,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
                  codec: TextCodec, policy: SpeculationPolicy | None = None,
                  drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0,
                  budget: PrefillBudget | None = None, learning: Learning | None = None):
-        super().__init__(inbox_size=1024)
+        super().__init__()  # its inbox bound: Config.actors
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
         self.policy = policy or SpeculationPolicy("none", 1)

@@ -23,7 +23,7 @@ class Streamer(Actor):
     name = "streamer"
 
     def __init__(self, admission: Actor | None, telemetry: Actor):
-        super().__init__(inbox_size=4096)
+        super().__init__()  # its inbox bound: Config.actors
         self.admission, self.telemetry = admission, telemetry
         self.subscribers: dict[str, asyncio.Queue] = {}
         self.ended: set[str] = set()

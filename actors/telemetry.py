@@ -28,7 +28,7 @@ class Telemetry(Actor):
     name = "telemetry"
 
     def __init__(self, trace_ring: int = TRACE_RING):
-        super().__init__(inbox_size=8192)
+        super().__init__()  # its inbox bound: Config.actors
         self.metrics = Metrics()
         self.traces: deque[bytes] = deque(maxlen=trace_ring)  # JSONL lines: a third of the structs' memory
         self.traffic = Traffic()

@@ -18,7 +18,7 @@ class Verifier(Actor):
     name = "verifier"
 
     def __init__(self, owner: Actor, telemetry: Actor):
-        super().__init__(inbox_size=64)
+        super().__init__()  # its inbox bound: Config.actors
         self.owner, self.telemetry = owner, telemetry
 
     async def handle(self, msg: VerifyDrafts | VerifyBatch) -> Verified | VerifiedBatch:

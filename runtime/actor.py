@@ -47,6 +47,12 @@ class Actor:
         await self.inbox.put((msg, reply))
         return await reply
 
+    def size_inbox(self, size: int) -> None:
+        """Bound the inbox (Config.actors), before the actor starts: nothing is queued yet."""
+        if self._task is not None:
+            raise RuntimeError(f"{self.name}: an inbox is sized before the actor starts")
+        self.inbox = asyncio.Queue(maxsize=size)
+
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> asyncio.Task:
         self._task = asyncio.create_task(self._main(), name=self.name)

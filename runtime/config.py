@@ -82,6 +82,18 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     exploration_share: doc(float, "steps that speculate to learn may cost this share of plain decode time") = 0.01
 
 
+class ActorsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Each actor's inbox bound: how many messages may wait before a sender waits too."""
+
+    owner_inbox: doc(int, "model owner's inbox bound (messages)") = 64
+    drafter_inbox: doc(int, "drafter's inbox bound (messages)") = 64
+    verifier_inbox: doc(int, "verifier's inbox bound (messages)") = 64
+    scheduler_inbox: doc(int, "scheduler's inbox bound (messages)") = 1024
+    admission_inbox: doc(int, "admission's inbox bound (messages)") = 1024
+    streamer_inbox: doc(int, "streamer's inbox bound (messages)") = 4096
+    telemetry_inbox: doc(int, "telemetry's inbox bound (messages)") = 8192
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     server: ServerConfig = ServerConfig()
     model: ModelConfig = ModelConfig()
@@ -89,6 +101,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     scheduler: SchedulerConfig = SchedulerConfig()
     spec: SpecConfig = SpecConfig()
     gate: GateConfig = GateConfig()
+    actors: ActorsConfig = ActorsConfig()
 
 
 class ConfigError(ValueError):
@@ -136,6 +149,8 @@ def override(config: Config, section: str, **changes) -> Config:
 
 def validate(config: Config) -> Config:
     sched, adm = config.scheduler, config.admission
+    if min(msgspec.structs.astuple(config.actors)) < 1:
+        raise ConfigError("every actor's inbox bound (--*-inbox) must be at least 1")
     if sched.max_active_requests < 1:
         raise ConfigError("--max-active-requests must be at least 1")
     if sched.mtp_max_seqs < 1:

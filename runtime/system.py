@@ -54,15 +54,27 @@ class System:
     def info(self) -> ModelInfo:
         return self.owner.info
 
+    def _size_inboxes(self, actors: list[Actor]) -> None:
+        """Each actor's inbox bound from Config.actors, before it starts."""
+        sizes = self.config.actors
+        bound = {self.telemetry: sizes.telemetry_inbox, self.owner: sizes.owner_inbox,
+                 self.drafter: sizes.drafter_inbox, self.verifier: sizes.verifier_inbox,
+                 self.streamer: sizes.streamer_inbox, self.scheduler: sizes.scheduler_inbox,
+                 self.admission: sizes.admission_inbox}
+        for actor in actors:
+            actor.size_inbox(bound[actor])
+
     def order(self) -> list[Actor]:
         return [self.telemetry, self.owner, self.drafter, self.verifier, self.streamer, self.scheduler,
                 self.admission]
 
     async def start(self) -> None:
+        self._size_inboxes(self.order()[:2])
         for actor in self.order()[:2]:
             actor.start()
             await actor.started()
         self._wire_after_load()
+        self._size_inboxes(self.order()[2:])
         for actor in self.order()[2:]:
             actor.start()
             await actor.started()
