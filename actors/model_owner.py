@@ -161,8 +161,8 @@ class ModelOwner(Actor):
 
         if self.batched:
             return Branching(ok=False, reason="mtp_batch keeps its sequences in one batch cache")
-        if not can_branch(self.engine.model):
-            return Branching(ok=False, reason="the model's attention has no RoPE module to place tree nodes")
+        if (why := can_branch(self.engine.model)) is not None:
+            return Branching(ok=False, reason=why)
         if self.engine.drafter is not None and not hasattr(self.engine.drafter, "propose_tree"):
             return Branching(ok=False, reason=f"the {self.info.drafter} drafter drafts chains only")
         return Branching(ok=True)

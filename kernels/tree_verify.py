@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
-from kernels.tree import DraftTree, branch_accepted, walk, winning_branch
+from kernels.tree import DraftTree, branch_accepted, from_branches, walk, winning_branch
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,27 @@ class TreeCache:
         return self.mask
 
 
-def can_branch(model) -> bool:
-    """Whether every attention layer has a RoPE module this file can wrap (mlx-lm's common shape)."""
+def can_branch(model) -> str | None:
+    """Why this model cannot verify trees, or None: every attention layer must have a RoPE module to
+    wrap (mlx-lm's common shape), and a probe tree's spine must get the chain's logits (a model that
+    reads positions or masks some other way, sliding windows say, would not)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
-    return bool(layers) and all(hasattr(getattr(layer, "self_attn", None), "rope") for layer in layers)
+    if not layers or not all(hasattr(getattr(layer, "self_attn", None), "rope") for layer in layers):
+        return "the model's attention has no RoPE module to place tree nodes"
+    _wrap_ropes(model)
+    prefix, spine, leaf = [1, 2, 3, 4, 5, 6], [7, 8], 9
+    chain_cache, tree_cache = make_prompt_cache(model), make_prompt_cache(model)
+    for cache in (chain_cache, tree_cache):
+        model(mx.array([prefix]), cache=cache)
+    chain = model(mx.array([[10, *spine]]), cache=chain_cache)[0]
+    tree = from_branches([spine, [leaf]])
+    positions = Positions(mx.array([len(prefix) + d for d in tree.depths()]))
+    caches = [TreeCache(c, positions, tree_mask(tree, len(prefix))) for c in tree_cache]
+    branched = model(mx.array([[10, *tree.tokens]]), cache=caches)[0, :len(spine) + 1]
+    scale = mx.max(mx.abs(chain)).item()
+    if not mx.allclose(branched, chain, atol=1e-3 * max(scale, 1.0), rtol=1e-3).item():
+        return "a probe tree's logits differ from the chain's (the model places or masks tokens its own way)"
+    return None
 
 
 def _wrap_ropes(model) -> None:

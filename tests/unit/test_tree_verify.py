@@ -130,3 +130,35 @@ def test_sampled_tree_steps_are_reproducible_and_the_rows_layout_is_greedy_only(
     assert first == second
     with pytest.raises(ValueError, match="greedy"):
         engine.verify_tree("s", from_branches([[1, 2]]), "rows")
+
+
+def test_a_model_branches_only_where_a_probe_tree_matches_its_chain():
+    import mlx.nn as nn
+
+    from kernels.tree_verify import can_branch
+
+    assert can_branch(tiny_llama(seed=4)) is None
+
+    class NoRope(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.Module()
+            self.model.layers = [nn.Linear(2, 2)]
+
+    assert "RoPE" in can_branch(NoRope())
+    model = tiny_llama(seed=4)
+    for layer in model.model.layers:  # positions read elsewhere than the RoPE module: the probe fails
+        layer.self_attn.rope = _Shifted(layer.self_attn.rope)
+    assert "differ" in can_branch(model)
+
+
+class _Shifted:
+    """A RoPE that takes one position for a whole call, as a module with its own scheme might."""
+
+    def __init__(self, rope):
+        self.rope = rope
+
+    def __call__(self, x, offset=0):
+        if isinstance(offset, mx.array):
+            offset = int(offset.reshape(-1)[0].item())
+        return self.rope(x, offset=offset)
