@@ -19,7 +19,7 @@ import msgspec
 
 FENCE = "```"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-_TAIL = max(len(FENCE), len(TOOL_CLOSE)) - 1  # a marker may straddle two text deltas
+_TAIL = len(TOOL_CLOSE)  # enough of the text's end to hold either tool marker
 
 
 class Phase(enum.Enum):
@@ -33,22 +33,24 @@ class PhaseTracker(msgspec.Struct, kw_only=True):
     in_fence: bool = False
     in_tool: bool = False
     json_output: bool | None = None  # decided by the first non-blank character of the output
-    tail: str = ""  # the end of the text seen so far, to find markers split across deltas
+    ticks: int = 0  # backticks in a row since the last fence (three make one)
+    tail: str = ""  # the last characters, to find tool markers split across deltas
 
     def advance(self, delta: str) -> None:
-        if not delta:
-            return
+        """Scan left to right, one character at a time, so the phase does not depend on how the
+        text was cut into deltas (a run of backticks makes fences three at a time)."""
         if self.json_output is None and delta.strip():
             self.json_output = delta.lstrip()[0] in "{["
-        text, start = self.tail + delta, len(self.tail)
-        for marker in _markers_in(text, start):
-            if marker == FENCE and not self.in_tool:
-                self.in_fence = not self.in_fence
-            elif marker == TOOL_OPEN:
+        for ch in delta:
+            self.ticks = self.ticks + 1 if ch == "`" else 0
+            if self.ticks == len(FENCE):
+                self.ticks = 0
+                self.in_fence = self.in_fence if self.in_tool else not self.in_fence
+            self.tail = (self.tail + ch)[-_TAIL:]
+            if self.tail.endswith(TOOL_OPEN):
                 self.in_tool = True
-            elif marker == TOOL_CLOSE:
+            elif self.tail.endswith(TOOL_CLOSE):
                 self.in_tool = False
-        self.tail = text[-_TAIL:]
 
     def phase(self, inside_think: bool) -> Phase:
         if inside_think:
@@ -56,15 +58,3 @@ class PhaseTracker(msgspec.Struct, kw_only=True):
         if self.in_tool or self.json_output:
             return Phase.TOOL
         return Phase.CODE if self.in_fence else Phase.ANSWER
-
-
-def _markers_in(text: str, start: int) -> list[str]:
-    """Markers in text that end past `start` (those before it were counted with the last delta)."""
-    found = []
-    for marker in (FENCE, TOOL_OPEN, TOOL_CLOSE):
-        i = text.find(marker)
-        while i != -1:
-            if i + len(marker) > start:
-                found.append((i, marker))
-            i = text.find(marker, i + len(marker))
-    return [m for _, m in sorted(found)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance, posterior
@@ -115,6 +115,7 @@ def test_exploration_never_costs_more_than_its_share_plus_one_step(steps):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(["a", "`", "``", "```", "\n", "<tool_call>", "</tool_call>", "x y"]),
                 max_size=30), st.integers(1, 5))
+@example(["`", "```", "```", "```", "```"], 1)  # a run of 13 backticks, once read as 4 fences or 5
 def test_the_phase_does_not_depend_on_how_text_is_split(pieces, cut):
     text = "".join(pieces)
     whole, split = PhaseTracker(), PhaseTracker()
