@@ -3,8 +3,12 @@
 Wire checks (max_tokens range, empty prompt or messages) are made once, in runtime/protocol.py;
 admission keeps the rules that need the tokenizer or the model's context length.
 
-Receives Submit (ask: replies Admitted, or raises Rejected with a 4xx) and Ended. Sends Admitted to
-the scheduler, in arrival order, in every mode. In hyper mode the HyperAdmissionGate of spec/hyper.md
+Receives Submit (ask: replies Admitted, or raises Rejected with a 4xx). A slot is released by
+release() (the streamer calls it at each request's terminal event): admission's own code, run
+synchronously, that awaits nothing. A release therefore never waits on admission's inbox, and the
+old cycle of awaiting sends (scheduler -> streamer -> admission -> scheduler) cannot form: the send
+graph is acyclic (tests/unit/test_send_graph.py). Sends Admitted to the scheduler, in arrival
+order, in every mode. In hyper mode the HyperAdmissionGate of spec/hyper.md
 (runtime/hyper.py) takes each request's ticket as the scheduler receives it and binds the request to
 its run there, one at a time: the gate's tickets must live with the runs they settle, and only the
 scheduler runs requests; admission's own rules (the pending limit, the context) stay the same.
@@ -17,7 +21,7 @@ from typing import assert_never
 
 from runtime.actor import Actor, Rejected
 from runtime.config import AdmissionConfig
-from runtime.messages import Admitted, Ended, SamplingParams, Sample, Submit
+from runtime.messages import Admitted, SamplingParams, Sample, Submit
 from runtime.text import TextCodec
 
 
@@ -31,12 +35,15 @@ class Admission(Actor):
         self.scheduler, self.telemetry = scheduler, telemetry
         self.pending: set[str] = set()
 
-    async def handle(self, msg: Submit | Ended) -> Admitted | None:
+    def release(self, request_id: str) -> None:
+        """A request ended: free its slot. Synchronous (atomic in the event loop, no await), so a
+        peer's release can never be held up by admission waiting on the scheduler."""
+        self.pending.discard(request_id)
+
+    async def handle(self, msg: Submit) -> Admitted:
         match msg:
             case Submit():
                 return await self.admit(msg)
-            case Ended():
-                self.pending.discard(msg.request_id)
             case _:
                 assert_never(msg)
 

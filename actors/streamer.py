@@ -1,8 +1,10 @@
 """Streamer: routes each request's events to the client connection that waits for them.
 
 Receives Subscribe (the client's event queue for a request), Unsubscribe, TokensEmitted, the
-terminal events, and FailOpen (a failure elsewhere: every open request fails). Sends Ended to admission once per request and Samples to telemetry. A request
-ends with exactly one terminal event; a second one is dropped and logged. Sends telemetry the gap
+terminal events, and FailOpen (a failure elsewhere: every open request fails). Releases each
+request's admission slot once (Admission.release: never waits, so the streamer awaits no send to
+an actor that sends to the scheduler) and sends Samples to telemetry. A request ends with exactly
+one terminal event; a second one is dropped and logged. Sends telemetry the gap
 between a request's emissions (inter-token latency) and one RequestEnded with its receipt.
 """
 
@@ -14,7 +16,7 @@ from typing import assert_never
 
 from runtime.actor import Actor
 from runtime.messages import (
-    Cancelled, Ended, Failed, FailOpen, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
+    Cancelled, Failed, FailOpen, Finished, Sample, Subscribe, TokensEmitted, Unsubscribe,
 )
 from runtime.observe import RequestEnded
 
@@ -58,7 +60,7 @@ class Streamer(Actor):
         if (queue := self.subscribers.pop(msg.request_id, None)) is not None:
             queue.put_nowait(msg)
         if self.admission is not None:
-            await self.admission.tell(Ended(request_id=msg.request_id))
+            self.admission.release(msg.request_id)
         outcome = type(msg).__name__.lower()
         await self.telemetry.tell(Sample(name="requests_total", value=1, labels=(("outcome", outcome),)))
         self.emitted_at.pop(msg.request_id, None)

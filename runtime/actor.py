@@ -30,6 +30,7 @@ class Actor:
         self.inbox: asyncio.Queue = asyncio.Queue(maxsize=inbox_size)
         self.log = structlog.get_logger().bind(actor=self.name)
         self._task: asyncio.Task | None = None
+        self._sending: set[asyncio.Task] = set()  # tell_nowait's sends that found the inbox full
         self._closing = False
         self.ready = asyncio.Event()
 
@@ -38,7 +39,14 @@ class Actor:
         await self.inbox.put((msg, None))
 
     def tell_nowait(self, msg: Any) -> None:
-        self.inbox.put_nowait((msg, None))
+        """Send without waiting (from a finally block or a cancelled handler): at once where the
+        inbox has room, else from a task of its own, so a full inbox neither raises nor loses it."""
+        try:
+            self.inbox.put_nowait((msg, None))
+        except asyncio.QueueFull:
+            task = asyncio.get_running_loop().create_task(self.inbox.put((msg, None)))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     async def ask(self, msg: Any) -> Any:
         if self._closing:

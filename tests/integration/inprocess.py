@@ -41,8 +41,8 @@ class FaultyOwner(ModelOwner):
 class Served:
     """A System with a FaultyOwner behind the real aiohttp app on 127.0.0.1."""
 
-    def __init__(self, model_dir, **server):
-        config = override(Config(), "scheduler", mode="mtp_batch", max_active_requests=4, batch_wait_ms=50.0)
+    def __init__(self, model_dir, base: Config | None = None, **server):
+        config = override(base or Config(), "scheduler", mode="mtp_batch", max_active_requests=4, batch_wait_ms=50.0)
         self.config = override(override(config, "spec", drafter="none", cost_model="off"), "server", **server)
         self.owner = FaultyOwner(model_dir, spec=self.config.spec, batched=True)
         self.system = System(self.config, model_dir, owner=self.owner)
