@@ -3,7 +3,7 @@
 Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch, TimeCell (asks:
 replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed), CanBranch,
 ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified) and Release,
-Rollback (tells).
+Rollback, StartAhead (tells).
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -19,7 +19,8 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.messages import (
     Branching, CanBranch, Decode, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
-    PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, TimeCell,
+    PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
+    TimeCell,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
 )
 
@@ -71,7 +72,7 @@ class ModelOwner(Actor):
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
-                     | VerifyBatch | Rollback | TimeCell | CanBranch | ProposeTree | VerifyTree) -> Any:
+                     | VerifyBatch | Rollback | StartAhead | TimeCell | CanBranch | ProposeTree | VerifyTree) -> Any:
         match msg:
             case Prefill():
                 return await self.on_thread(self._prefill, msg)
@@ -90,6 +91,8 @@ class ModelOwner(Actor):
             case Rollback():
                 return await self.on_thread(self.engine.rollback, msg.seq_id, msg.drafted, msg.accepted,
                                             list(msg.emitted))
+            case StartAhead():
+                return await self.on_thread(self.engine.start_ahead, msg.seq_ids)
             case Release():
                 return await self.on_thread(self.engine.release, msg.seq_id)
             case TimeCell():

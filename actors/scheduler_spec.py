@@ -11,7 +11,9 @@ import time
 import msgspec
 
 from runtime.decisions import step_trace
-from runtime.messages import ActorFailure, Draft, Drafted, DraftMany, Sample, VerifyBatch, VerifyDrafts
+from runtime.messages import (
+    ActorFailure, Draft, Drafted, DraftMany, Sample, StartAhead, VerifyBatch, VerifyDrafts,
+)
 from runtime.sequence import Sequence
 from runtime.speculation import StepChoice
 
@@ -54,6 +56,7 @@ class SpecStep:
                                    verify_j=self.meter.read().since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens)
+        await self.start_ahead(batch, results)
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts:
                 seq.spec.note_verify(len(row.drafts), result.accepted, wall, drafted.confidences)
@@ -67,6 +70,15 @@ class SpecStep:
         outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
         await self.after_step(choice, wall, batch, tokens, joules, outcomes)
         return (started + wall - drafted_at) * 1e3, outcomes
+
+    async def start_ahead(self, batch: list[Sequence], results) -> None:
+        """Where the next step will likely be plain, start it now (the rollbacks are queued at the owner
+        before it), as a plain step's lookahead would: no plain step after a verify starts cold."""
+        going = tuple(s.request_id for s, r in zip(batch, results) if s.remaining - len(r.emitted) >= 1)
+        self.ahead = bool(going) and self.mode.lookahead and not self.waiting and not self.prefilling \
+            and self.policy.next_is_plain(batch)
+        if self.ahead:
+            await self.owner.tell(StartAhead(seq_ids=going))
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""

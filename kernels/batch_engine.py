@@ -6,8 +6,9 @@ Rows then shed different numbers of entries (padding, rejected drafts): a ragged
 one trim by the common part and one per-row roll of the rest into the left padding.
 Sequences are prefilled alone and join the batch at its next step; ended ones are filtered out.
 
-Lookahead (plain steps): the next plain step is built from this step's lazy tokens and started
-before this step's tokens are read, so graph building overlaps compute. It is used if the next
+Lookahead (plain steps, and after a verify whose next step is plain): the next plain step is built
+from this step's lazy tokens and started before this step's tokens are read, so graph building
+overlaps compute. It is used if the next
 call asks for the same rows (or some of them) with nobody joining; otherwise it is dropped: one
 trim of the batch cache, and each row's last token, random key and drafter feed put back.
 """
@@ -152,12 +153,24 @@ def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
     else:
         rows, step = taken
     if ahead:
-        saved = {s: (engine.seqs[s].last, engine.seqs[s].key) for s in seq_ids}
-        following = _plain_forward(engine, seq_ids)
-        mx.async_eval(following)
-        batch.ahead = Ahead(list(batch.ids), following, saved)
+        _start(engine, seq_ids)
     values = dict(zip(rows, step.tolist()))
     return [values[s] for s in seq_ids]
+
+
+def start_ahead(engine, seq_ids: list[str]) -> None:
+    """After a verify step: start the next plain step of these rows (their rollbacks applied first)."""
+    engine.batch.drop_ahead(engine)
+    if engine.batch.incoming or not all(s in engine.seqs for s in seq_ids):
+        return  # someone joins at the next step: it will not be this one
+    _start(engine, seq_ids)
+
+
+def _start(engine, seq_ids: list[str]) -> None:
+    saved = {s: (engine.seqs[s].last, engine.seqs[s].key) for s in seq_ids}
+    following = _plain_forward(engine, seq_ids)
+    mx.async_eval(following)
+    engine.batch.ahead = Ahead(list(engine.batch.ids), following, saved)
 
 
 def _plain_forward(engine, seq_ids: list[str]) -> mx.array:

@@ -101,6 +101,19 @@ class Engine:
             out.append(self._emit(state, y, ahead))
         return out
 
+    def start_ahead(self, seq_ids) -> None:
+        """Start the next plain step of these sequences now (after a verify and its rollback), so it
+        computes while the scheduler reads this step's tokens; the next decode takes it, a draft drops it."""
+        if self.batch is not None:
+            from kernels.batch_engine import start_ahead
+
+            return start_ahead(self, list(seq_ids))
+        for seq_id in seq_ids:
+            state = self.seqs.get(seq_id)
+            if state is not None and state.pending is None:
+                state.pending = self._step(state, state.last)
+                mx.async_eval(state.pending)
+
     def drafter_of(self, state: SeqState):
         """The drafter that follows this sequence, or None: one that never drafts is not fed."""
         return self.drafter if state.drafts else None

@@ -4,7 +4,11 @@ Each verify outcome is a run of Bernoulli trials: positions 1..accepted+1 were t
 the drafts verified) and 1..accepted succeeded. Counts decay, so old evidence fades:
 - `PhasePriors` keep the server's counts per content phase (runtime/content_phase.py), starting
   from the calibration table's by_depth with PRIOR_TRIALS pseudo-trials and decaying slowly per
-  outcome, so a phase whose acceptance rises is seen to rise.
+  outcome, so a phase whose acceptance rises is seen to rise. They answer "what does a request
+  with no evidence of its own accept here", so each request votes once per phase, with its first
+  outcome there: later drafts run because the request's own evidence was good, and counting them
+  would lean the prior toward the requests that accept well (0.4 for chat whose requests average
+  0.25 on this model), so every new request would draft a few losing steps.
 - `RequestAcceptance` keeps one request's counts per phase, decaying per step (drafted or not), so
   a request that stopped drafting drifts back to its phase prior and gets tried again.
 The posterior mean at position t is (hits + m prior) / (trials + m); its upper bound adds
@@ -22,7 +26,7 @@ from runtime.content_phase import Phase
 
 PRIOR_TRIALS = 20.0  # strength of the table's prior in a phase never served
 REQUEST_TRIALS = 3.0  # strength of the phase prior in a request's own posterior
-PHASE_DECAY = 0.995  # per outcome: a phase remembers its last ~200 verify steps
+PHASE_DECAY = 0.99  # per vote: a phase remembers its last ~100 requests
 REQUEST_DECAY = 0.95  # per step: a request remembers its last ~20 steps
 Z = 1.64  # one-sided 95%: the upper bound exploration tests
 DEFAULT_PRIOR = (0.3, 0.2, 0.15, 0.1)  # where no table has one: a weak drafter's shape
@@ -94,10 +98,13 @@ class RequestAcceptance:
     def __init__(self, priors: PhasePriors, start: dict[Phase, Counts] | None = None):
         self.priors = priors
         self.counts: dict[Phase, Counts] = {p: c.copy() for p, c in (start or {}).items()}
+        self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
-        self.priors.note(phase, drafted, accepted)
+        if phase not in self.voted:
+            self.voted.add(phase)
+            self.priors.note(phase, drafted, accepted)
 
     def step(self) -> None:
         """One step passed (drafted or not): the request's own evidence fades a little."""

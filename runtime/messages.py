@@ -150,6 +150,13 @@ class Decode(_Msg, frozen=True):
     lookahead: tuple[bool, ...]
 
 
+class StartAhead(_Msg, frozen=True):
+    """After a speculative step whose next step will likely be plain: start that plain step now, so
+    it computes while the scheduler streams this step's tokens (a plain step's own lookahead)."""
+
+    seq_ids: tuple[str, ...]
+
+
 class Release(_Msg, frozen=True):
     seq_id: str
 

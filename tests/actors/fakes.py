@@ -122,6 +122,7 @@ class ScriptedSpecOwner(ScriptedOwner):
         super().__init__(scripts)
         self.rollbacks: list = []
         self.batches: list[int] = []
+        self.started_ahead: list[tuple[str, ...]] = []
 
     def _verify(self, msg):
         from runtime.messages import Verified
@@ -136,7 +137,7 @@ class ScriptedSpecOwner(ScriptedOwner):
         return Verified(accepted=n, emitted=tuple(truth[:n + 1]), seconds=0.001)
 
     async def handle(self, msg):
-        from runtime.messages import Rollback, VerifiedBatch, VerifyBatch, VerifyDrafts
+        from runtime.messages import Rollback, StartAhead, VerifiedBatch, VerifyBatch, VerifyDrafts
 
         match msg:
             case VerifyDrafts():
@@ -147,5 +148,7 @@ class ScriptedSpecOwner(ScriptedOwner):
             case Rollback():
                 self.rollbacks.append(msg)
                 self.positions[msg.seq_id] += len(msg.emitted)
+            case StartAhead():
+                self.started_ahead.append(msg.seq_ids)  # a script has no compute to start early
             case _:
                 return await super().handle(msg)

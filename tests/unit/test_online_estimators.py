@@ -92,6 +92,22 @@ def test_a_phase_change_moves_the_depth_within_a_few_steps(prose, code):
     assert choose(Phase.CODE) >= 1  # the first step in a fence already reads the code prior
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.5, 0.9), st.floats(0.0, 0.2), st.integers(0, 2**31))
+def test_the_phase_prior_is_what_a_request_without_evidence_accepts(good, bad, seed):
+    """Requests of two kinds; each drafts at its first step and then only while its own posterior is
+    high, so the good ones draft far more often. The phase prior still converges to the population's
+    rate at a first draft (the mean of the two), not to the rate of the drafts that ran."""
+    priors, rng = PhasePriors((0.5,), depth=1), random.Random(seed)
+    for r in range(400):
+        rate, acc = (good if r % 2 else bad), RequestAcceptance(priors)
+        for step in range(30):
+            if step == 0 or acc.mean(Phase.ANSWER, 1)[0] > 0.4:
+                acc.note(Phase.ANSWER, 1, int(rng.random() < rate))
+            acc.step()
+    assert abs(priors.mean(Phase.ANSWER)[0] - (good + bad) / 2) < 0.12
+
+
 def _accepted(p: float, rng: random.Random) -> int:
     """Drafts accepted of 3: the run of successes before the first failure."""
     run = 0

@@ -42,9 +42,12 @@ def make_engine(kind, model, batched=False):
     return Engine(model, batched=batched)
 
 
-def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False, oracle=None):
+def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False, oracle=None,
+                ahead_after_verify=False):
     """oracle: the target's own greedy continuation; when given, every other step verifies it instead
-    of the drafter's proposal, so steps accept several drafts even with a random head."""
+    of the drafter's proposal, so steps accept several drafts even with a random head.
+    ahead_after_verify: every other verify starts the next plain step at once (the scheduler's
+    start_ahead), which the next step then takes (a plain step) or drops (a draft)."""
     out = [engine.prefill("s", prompt, temperature, 1.0, seed, lookahead=mix_plain)]
     steps = 0
     while len(out) < N:
@@ -61,6 +64,8 @@ def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, 
         accepted, emitted = engine.verify("s", drafts, use_draft_probs=kind != "ngram")
         assert 0 <= accepted <= len(drafts) and len(emitted) == accepted + 1
         engine.rollback("s", len(drafts), accepted, emitted)
+        if ahead_after_verify and steps % 2:
+            engine.start_ahead(["s"])
         out += emitted
     return out if full else out[:N]
 
@@ -73,6 +78,15 @@ def test_greedy_speculation_equals_plain_decode(kind, k, mix_plain):
     for prompt in PROMPTS:
         engine = make_engine(kind, model)
         assert speculative(engine, kind, prompt, k, mix_plain) == plain(model, prompt)[:N]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_plain_step_started_right_after_a_verify_keeps_plain_output(kind, k):
+    model = tiny_llama(seed=4)
+    for prompt in PROMPTS:
+        engine = make_engine(kind, model)
+        assert speculative(engine, kind, prompt, k, True, ahead_after_verify=True) == plain(model, prompt)[:N]
 
 
 def test_self_drafting_accepts_every_draft():
@@ -193,8 +207,8 @@ def test_verifying_fewer_drafts_than_proposed_keeps_plain_output(kind):
 
 @pytest.mark.parametrize("kind", ["ngram", "mtp"])
 def test_batched_lookahead_leaves_every_token_unchanged(kind):
-    """Plain batch steps with lookahead, mixed with speculative steps, a join and a leave (each of
-    which drops a lookahead step): every sequence, one of them sampled with a seed, emits exactly
+    """Plain batch steps with lookahead (also started right after a verify), mixed with speculative
+    steps, a join and a leave (each of which drops a lookahead step): every sequence, one of them sampled with a seed, emits exactly
     what it emits without lookahead, and greedy ones what plain decode alone emits."""
     from kernels.batch_engine import step_rows
 
@@ -218,6 +232,8 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
                     if drafts:
                         engine.rollback(s, len(drafts), accepted, emitted)
                     outs[s] += emitted
+                if ahead:  # the scheduler's start_ahead: the next plain step begins at once
+                    engine.start_ahead(list(outs))
             else:
                 for s, token in zip(list(outs), engine.decode(list(outs), [ahead] * len(outs))):
                     outs[s].append(token)
