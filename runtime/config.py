@@ -23,6 +23,16 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     port: doc(int, "port to listen on") = 8000
     max_body_bytes: doc(int, "largest request body or WebSocket message accepted (bytes)") = 1 << 20
     ws_max_open: doc(int, "requests open at once on one WebSocket") = 64
+    api_key: doc(str | None, "Bearer key every route but /health requires (unset: METRALE_API_KEY; "
+                             "unset there too: no auth)") = None
+    keepalive_timeout: doc(float, "a connection whose next request header is not complete this many seconds "
+                                  "after it opened or its last response is closed (idle and header timeout)") = 60.0
+    slow_client_timeout: doc(float, "a streamed request whose client takes none of its output for this many "
+                                    "seconds is cancelled (slow_client) and its connection closed") = 30.0
+    stream_buffer_bytes: doc(int, "a streamed request's output the server buffers for its client at most (the "
+                                  "socket's send buffer, and as much again above it) before a write waits") = 1 << 16
+    shutdown_timeout: doc(float, "on SIGTERM, in-flight requests may finish for this many seconds; the rest "
+                                 "are then cancelled (shutdown)") = 30.0
     log_format: doc(Literal["json", "console"], "trace log lines as JSON or human-readable") = "json"
     trace_file: doc(str | None, "write every speculation decision to this JSONL file as it is taken "
                                 "(`metrale replay` reads it)") = None
@@ -34,6 +44,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     cache_dir: doc(str | None, "where converted models and learned tables live "
                                "(default $METRALE_CACHE or ~/.cache/metrale)") = None
     prefill_step: doc(int, "prompt tokens per prefill forward of one sequence") = 2048
+    fault_after_steps: doc(int | None, "TEST ONLY (bench load's injected fault): the model owner raises on its "
+                                       "step number N, once; unset: never") = None
 
 
 class AdmissionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -126,6 +138,7 @@ def with_environment(config: Config, env=None) -> Config:
 
     env = os.environ if env is None else env
     spec = config.spec
+    config = override(config, "server", api_key=config.server.api_key or env.get("METRALE_API_KEY") or None)
     return override(config, "spec", mtp_gate=gate_setting(spec.mtp_gate, env).value,
                     entry_pin_tokens=entry_pin_tokens_from_env(env) if spec.entry_pin_tokens is None else None,
                     spec_think=spec_think_from_env(env) if spec.spec_think is None else None)
@@ -166,6 +179,16 @@ def validate(config: Config) -> Config:
         raise ConfigError("--hyper-max-width must be in 1..16")
     if adm.max_pending < 1 or adm.max_tokens_limit < 1 or config.server.ws_max_open < 1:
         raise ConfigError("admission limits must be at least 1")
+    server = config.server
+    if min(server.keepalive_timeout, server.slow_client_timeout) <= 0 or server.shutdown_timeout < 0:
+        raise ConfigError("--keepalive-timeout and --slow-client-timeout must be positive, "
+                          "--shutdown-timeout not negative")
+    if server.stream_buffer_bytes < 4096:
+        raise ConfigError("--stream-buffer-bytes must be at least 4096")
+    if server.api_key is not None and not server.api_key.strip():
+        raise ConfigError("--api-key must not be empty")
+    if config.model.fault_after_steps is not None and config.model.fault_after_steps < 1:
+        raise ConfigError("--fault-after-steps must be at least 1")
     if adm.max_queue_wait_s <= 0:
         raise ConfigError("--max-queue-wait-s must be positive")
     if not 1 <= config.spec.num_draft_tokens <= 16:

@@ -4,6 +4,9 @@ Whatever way the caller leaves (done, error, client gone), a request that has no
 cancelled, so its slot is freed and it still gets its one terminal event. A request that has no
 first event within the queue wait is cancelled as `queue_timeout`; one whose events can no longer
 come (the system failed and its streamer is gone) ends with a Failed made here, so no caller hangs.
+A client that takes none of its events for --slow-client-timeout (RequestStream.deliver) is too
+slow: its request is cancelled as `slow_client`, and the caller closes its connection. While the
+server drains (SIGTERM), a new request is refused with a 503 (runtime/drain.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import msgspec
+import structlog
 
 from runtime.messages import (
     ActorFailure, Cancel, Cancelled, Failed, Finished, StreamEvent, Submit, Subscribe, Unsubscribe,
@@ -22,7 +26,13 @@ from runtime.messages import (
 
 TERMINAL = (Finished, Cancelled, Failed)
 QUEUE_TIMEOUT = "queue_timeout"  # the Cancel reason of a request that waited too long
+SLOW_CLIENT = "slow_client"  # ... of one whose client stopped reading
+_log = structlog.get_logger().bind(actor="gateway")
 POLL_S = 1.0  # how often a waiting caller looks whether the system failed
+
+
+class SlowClient(Exception):
+    """The client stopped reading: the caller closes its connection (its request is cancelled)."""
 
 
 def failure(system) -> str | None:
@@ -39,6 +49,17 @@ class RequestStream:
         self.queue, self.system, self.request_id = queue, system, request_id
         self.first_deadline = first_deadline  # monotonic time by which the first event must come
         self.ended = False
+        self.leave_reason = "client_gone"  # the Cancel reason if the caller leaves before the end
+
+    async def deliver(self, sending, timeout: float) -> None:
+        """Await one write to the client; one that cannot complete in timeout seconds (the client
+        stopped reading and the socket's buffers are full) raises SlowClient."""
+        try:
+            await asyncio.wait_for(sending, timeout)
+        except asyncio.TimeoutError:
+            self.leave_reason = SLOW_CLIENT
+            _log.warning("slow_client", request_id=self.request_id, timeout_s=timeout, ended=self.ended)
+            raise SlowClient(f"the client took no output for {timeout:g} s") from None
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events()
@@ -87,8 +108,23 @@ async def open_request(system, submit: Submit, max_wait_s: float | None = None) 
     """
     if failure(system):  # a failed actor may never answer: refuse instead of waiting on it
         raise ActorFailure("system", f"server is degraded: {failure(system)}", 503)
+    drain = getattr(system, "drain", None)  # in-process test systems may have none
+    if drain is not None:
+        drain.enter()  # raises a 503 while the server shuts down
+    try:
+        async with _open(system, submit, max_wait_s) as stream:
+            yield stream
+    finally:
+        if drain is not None:
+            drain.leave()
+
+
+@asynccontextmanager
+async def _open(system, submit: Submit, max_wait_s: float | None) -> AsyncIterator[RequestStream]:
     submit = submit if submit.submitted_at else _stamped(submit)
-    queue: asyncio.Queue = asyncio.Queue()  # unbounded on purpose: at most max_tokens events
+    # Unbounded on purpose, yet bounded by construction: the scheduler emits at most one event per
+    # token and one terminal, so at most max_tokens + 1 (max_tokens_limit caps it) ever wait here.
+    queue: asyncio.Queue = asyncio.Queue()
     await system.streamer.tell(Subscribe(request_id=submit.request_id, queue=queue))
     deadline = None if max_wait_s is None else submit.submitted_at + max_wait_s
     stream = RequestStream(queue, system, submit.request_id, deadline)
@@ -99,7 +135,7 @@ async def open_request(system, submit: Submit, max_wait_s: float | None = None) 
         yield stream
     finally:
         if admitted and not stream.ended:
-            system.scheduler.tell_nowait(Cancel(request_id=submit.request_id, reason="client_gone"))
+            system.scheduler.tell_nowait(Cancel(request_id=submit.request_id, reason=stream.leave_reason))
         if not stream.ended:
             system.streamer.tell_nowait(Unsubscribe(request_id=submit.request_id))
 

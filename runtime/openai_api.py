@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import msgspec
 from aiohttp import web
 
 from runtime.actor import Rejected
-from runtime.gateway import QUEUE_TIMEOUT, new_request_id, open_request
+from runtime.gateway import QUEUE_TIMEOUT, SlowClient, new_request_id, open_request
 from runtime.messages import ActorFailure, Cancelled, Failed, Finished, Submit, TokensEmitted
 from runtime.protocol import (
     ProtocolError, check_model, chat_messages, completion_prompt, decode_chat, decode_completion, sampling_params,
@@ -137,23 +138,53 @@ async def _collect(events, shape: _Shape) -> web.Response:
 
 async def _stream(request: web.Request, events, shape: _Shape) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    bound_output(request)
     await response.prepare(request)
+    timeout = request.app["config"].server.slow_client_timeout
+
+    async def send(data: bytes) -> None:
+        await events.deliver(response.write(data), timeout)
+
+    try:
+        await _sse_events(send, events, shape)
+        await send(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except SlowClient:  # its request is cancelled as the handler leaves; nothing more can reach it
+        abort_connection(request)
+    return response
+
+
+async def _sse_events(send, events, shape: _Shape) -> None:
     first = True
     async for event in events:
         match event:
             case TokensEmitted():
-                await _sse(response, shape.chunk(event.text, None, first))
+                await send(_sse(shape.chunk(event.text, None, first)))
                 first = False
             case Finished():
                 for chunk in shape.last(event.finish_reason, first, event.usage):
-                    await _sse(response, chunk)
+                    await send(_sse(chunk))
             case Cancelled() | Failed():
                 message, status = ended_error(event)
-                await response.write(b"data: " + error_body(message, status) + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+                await send(b"data: " + error_body(message, status) + b"\n\n")
 
 
-async def _sse(response: web.StreamResponse, payload) -> None:
-    await response.write(b"data: " + _encode(payload) + b"\n\n")
+def _sse(payload) -> bytes:
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+def bound_output(request: web.Request) -> None:
+    """Bound what a streaming connection buffers for its client, so a client that stops reading
+    makes the writes wait (and the slow-client clock run) instead of piling output in the kernel."""
+    size = request.app["config"].server.stream_buffer_bytes
+    if request.transport is None:
+        return
+    if (sock := request.transport.get_extra_info("socket")) is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+    request.transport.set_write_buffer_limits(high=size)
+
+
+def abort_connection(request: web.Request) -> None:
+    """Drop a connection whose client stopped reading (a close would wait on the same full buffers)."""
+    if request.transport is not None:
+        request.transport.abort()

@@ -1,5 +1,7 @@
 """The HTTP server: routes, health and metrics (the dashboard's in runtime/dashboard.py), start-up and
-graceful shutdown."""
+graceful shutdown: SIGTERM (or SIGINT) stops admitting (a new request gets a 503), lets in-flight
+requests finish for up to --shutdown-timeout seconds, then cancels the rest, each with its one
+terminal event; `metrale serve` then exits 0."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from runtime.auth import auth_middleware, warn_if_open
 from runtime.config import Config
 from runtime.dashboard import add_routes
 from runtime.decisions import header_from_config
@@ -23,7 +26,9 @@ from runtime.ws import websocket
 
 
 def build_app(system: System, config: Config) -> web.Application:
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors])
+    middlewares = [_json_errors] if config.server.api_key is None else \
+        [auth_middleware(config.server.api_key), _json_errors]  # auth first: a 401 says nothing of routes
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=middlewares)
     app["system"], app["config"] = system, config
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -61,7 +66,7 @@ async def health(request: web.Request) -> web.Response:
     system: System = request.app["system"]
     info = system.info
     body = {
-        "status": "degraded" if system.failure else "ok",
+        "status": "degraded" if system.failure else "draining" if system.drain.closed else "ok",
         "failure": system.failure,
         "model": info.model_id, "model_path": info.path, "dtype": info.dtype, "quantization": info.quantization,
         "context_length": info.context_length, "blas": info.blas,
@@ -71,7 +76,7 @@ async def health(request: web.Request) -> web.Response:
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",
-                        status=503 if system.failure else 200)  # a monitor reads the status alone
+                        status=503 if system.failure or system.drain.closed else 200)  # a monitor reads the status alone
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -79,17 +84,26 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+def make_runner(system: System, config: Config) -> web.AppRunner:
+    """The app's runner; keepalive_timeout closes a connection whose next request header is not
+    complete in time (aiohttp's one clock for an idle connection and a header that trickles in)."""
+    return web.AppRunner(build_app(system, config), handler_cancellation=True, access_log=None,
+                         keepalive_timeout=config.server.keepalive_timeout)
+
+
 async def serve(system: System, config: Config, ready: asyncio.Event | None = None) -> None:
-    """Run until SIGINT/SIGTERM; in-flight requests get their terminal events, then exit."""
+    """Run until SIGINT/SIGTERM, then drain: see the module docstring."""
     await system.start()
     if config.server.trace_file:  # before any request: the file starts with the server
         header = header_from_config(system.config, system.info.model_id, system.info.drafter)
         await system.telemetry.ask(WriteTraces(path=config.server.trace_file, header=header))
-    runner = web.AppRunner(build_app(system, config), handler_cancellation=True, access_log=None)
+    runner = make_runner(system, config)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port)
     await site.start()
-    system.log.info("listening", host=config.server.host, port=config.server.port)
+    system.log.info("listening", host=config.server.host, port=config.server.port,
+                    auth="bearer" if config.server.api_key else "none")
+    warn_if_open(config.server.host, config.server.api_key, system.log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,6 +111,9 @@ async def serve(system: System, config: Config, ready: asyncio.Event | None = No
     if ready is not None:
         ready.set()
     await stop.wait()
-    system.log.info("shutting_down")
-    await system.stop()  # cancels in-flight requests first: their clients get a terminal event
+    timeout = config.server.shutdown_timeout
+    system.log.info("draining", open_requests=system.drain.open, timeout_s=timeout)
+    drained = await system.drain.close(timeout)
+    system.log.info("shutting_down", drained=drained, cancelled=system.drain.open)
+    await system.stop()  # cancels what is still in flight: each client gets its terminal event
     await runner.cleanup()

@@ -23,6 +23,7 @@ from runtime.actor import Actor
 from runtime.config import Config, ConfigError, with_environment
 from runtime.eligibility import ThinkMarkers
 from runtime.controller import Learning
+from runtime.drain import Drain
 from runtime.energy import open_meter
 from runtime.messages import ActorFailure, Describe, FailInFlight, FailOpen, ModelInfo
 from runtime.modes import make_mode
@@ -40,8 +41,7 @@ class System:
         if config.spec.drafter == "draft-model":
             check_same_tokenizer(self.codec, config.spec.draft_model)
         self.telemetry = Telemetry()
-        self.owner = owner or ModelOwner(model_dir, config.model.prefill_step, config.spec,
-                                         batched=config.scheduler.mode == "mtp_batch")
+        self.owner = owner or make_owner(config, model_dir)
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler: Scheduler | None = None  # built once the model is loaded (it needs the drafter)
         self.admission: Admission | None = None
@@ -49,6 +49,7 @@ class System:
         self.verifier: Verifier | None = None
         self.started_at = time.monotonic()
         self.failure: str | None = None
+        self.drain = Drain()  # open requests, and whether new ones are still admitted (SIGTERM)
 
     @property
     def info(self) -> ModelInfo:
@@ -189,6 +190,17 @@ class System:
             if actor is not None:
                 await actor.close()
         self.log.info("system_stopped")
+
+
+def make_owner(config: Config, model_dir: Path) -> Actor:
+    """The model owner; with the test-only fault_after_steps, one that fails one step (runtime/faults.py)."""
+    args = (model_dir, config.model.prefill_step, config.spec)
+    batched = config.scheduler.mode == "mtp_batch"
+    if config.model.fault_after_steps is None:
+        return ModelOwner(*args, batched=batched)
+    from runtime.faults import FaultOnceOwner
+
+    return FaultOnceOwner(*args, batched=batched, fault_after_steps=config.model.fault_after_steps)
 
 
 def check_same_tokenizer(codec: TextCodec, draft_model: str) -> None:

@@ -9,7 +9,9 @@ Server -> client: {"type": "tokens", "id", "text", "token_ids", "index"} per emi
                   cancels its requests.
 Limits: a frame larger than max_body_bytes closes the socket (1009); more than ws_max_open
 requests open at once on a socket, a binary frame, or a cancel of an id that is not open get an
-error frame and the socket stays open. The message types are in /openapi.json.
+error frame and the socket stays open. A client that takes no frame for slow_client_timeout
+seconds has its socket closed and its requests cancelled (slow_client). With --api-key set, the
+upgrade request needs the Bearer header (runtime/auth.py). The message types are in /openapi.json.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from runtime.actor import Rejected
-from runtime.gateway import new_request_id, open_request
+from runtime.gateway import SlowClient, new_request_id, open_request
 from runtime.messages import ActorFailure, Cancel, Cancelled, Failed, Finished, Submit, TokensEmitted
-from runtime.openai_api import ended_error, error_response
+from runtime.openai_api import abort_connection, bound_output, ended_error, error_response
 from runtime.protocol import ProtocolError, WsCancel, WsGenerate, decode_ws, sampling_params, ws_input
 from runtime.responses import WsDone, WsError, WsTokens, error_object
 
@@ -30,9 +32,12 @@ _encode = msgspec.json.encode
 
 
 async def websocket(request: web.Request) -> web.StreamResponse:
-    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=request.app["config"].server.max_body_bytes)
+    server = request.app["config"].server
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=server.max_body_bytes,
+                               writer_limit=server.stream_buffer_bytes)  # a send waits once this much is unread
     if not ws.can_prepare(request).ok:
         return error_response("this endpoint speaks WebSocket: send a GET with Upgrade: websocket", 400)
+    bound_output(request)
     await ws.prepare(request)
     tasks: dict[str, tuple[asyncio.Task, str]] = {}  # client id -> (its task, request id)
     try:
@@ -68,7 +73,7 @@ async def _on_message(request, ws, data: str, tasks: dict) -> None:
     except ProtocolError as e:
         await _send_error(ws, _client_id(data), e.message, e.status, e.param)
         return
-    task = asyncio.create_task(_run(system, ws, msg.id, submit, config.admission.max_queue_wait_s))
+    task = asyncio.create_task(_run(request, ws, msg.id, submit))
     tasks[msg.id] = (task, submit.request_id)
     task.add_done_callback(lambda _t, cid=msg.id: tasks.pop(cid, None))
 
@@ -79,11 +84,14 @@ def _submit(msg: WsGenerate, max_tokens_limit: int) -> Submit:
     return Submit(request_id=new_request_id("ws"), params=params, messages=messages, prompt=prompt)
 
 
-async def _run(system, ws: web.WebSocketResponse, cid: str, submit: Submit, max_wait_s: float) -> None:
+async def _run(request: web.Request, ws: web.WebSocketResponse, cid: str, submit: Submit) -> None:
+    system, config = request.app["system"], request.app["config"]
     try:
-        async with open_request(system, submit, max_wait_s) as events:
+        async with open_request(system, submit, config.admission.max_queue_wait_s) as events:
             async for event in events:
-                await ws.send_str(_frame(cid, event))
+                await events.deliver(ws.send_str(_frame(cid, event)), config.server.slow_client_timeout)
+    except SlowClient:  # the client stopped reading: close the socket (its other requests end too)
+        abort_connection(request)
     except Rejected as e:
         await _send_error(ws, cid, e.message, e.status, e.param)
     except ActorFailure as e:

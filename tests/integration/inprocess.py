@@ -11,7 +11,7 @@ from aiohttp import web
 from actors.model_owner import ModelOwner
 from runtime.config import Config, override
 from runtime.messages import Decoded
-from runtime.server import build_app
+from runtime.server import make_runner
 from runtime.system import System
 
 PROMPT = "t3 t4 t5 t6"  # the tiny model's word-level tokenizer reads it as one token
@@ -49,7 +49,7 @@ class Served:
 
     async def __aenter__(self):
         await self.system.start()
-        self.runner = web.AppRunner(build_app(self.system, self.config), handler_cancellation=True)
+        self.runner = make_runner(self.system, self.config)
         await self.runner.setup()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
