@@ -4,13 +4,16 @@ Starts `metrale serve` as a subprocess per mode (serial, mtp_batch with 16 activ
 the defaults have it) and drives it with --clients concurrent clients sharing --requests short
 requests (max_tokens 1..8), each drawn from a seeded mix: non-streaming JSON (35%), SSE read to
 [DONE] (25%), SSE dropped after its first chunk (10%, the client disconnects), WebSocket read to
-its end (25%), WebSocket cancelled after its first tokens (5%).
+its end (25%), WebSocket cancelled after its first tokens (5%). One owner fault is injected mid-run
+(the test-only --fault-after-steps of `metrale serve`, at FAULT_AT[mode] x --requests model steps;
+--no-fault leaves it out): the requests of that step fail with a 500 naming it.
 
 Counted per mode: admitted (any answer but a 429), finished, cancelled, failed, rejected_429,
 lost (admitted without exactly one terminal event: the client saw none or two, or the server's
 trace log has not exactly one finished/cancelled/failed for the request id it admitted, or the
-streamer logged a duplicate), hung (no terminal event within --deadline s), unexpected_5xx (any
-5xx status or error event; no fault is injected), p50/p99 TTFT and inter-token latency (ms,
+streamer logged a duplicate), hung (no terminal event within --deadline s), injected_5xx (5xx
+that name the injected fault), faults (injected faults the server's log shows), unexpected_5xx
+(any other 5xx status or error event), p50/p99 TTFT and inter-token latency (ms,
 streamed requests). Last line, over all modes: lost=N hung=N unexpected_5xx=N rejected_429=N
 requests=N p99_ttft_ms=X.
 """
@@ -31,6 +34,10 @@ from runtime.bench.common import table
 MIX = (("json", 35), ("sse", 25), ("sse_drop", 10), ("ws", 25), ("ws_cancel", 5))
 PROMPTS = ("Hi", "Name a colour.", "What is 2+2?", "Say yes.", "def add(a, b):", "Count to three.")
 MODES = {"serial": [], "mtp_batch": ["--scheduler-mode", "mtp_batch", "--max-active-requests", "16"]}
+# The injected fault's model step per request of the run: about half-way (serial: ~3.5 steps a
+# request; mtp_batch: ~16 requests share a step).
+FAULT_AT = {"serial": 1.5, "mtp_batch": 0.1}
+INJECTED = "injected fault"  # in the error of every request of the failed step (runtime/faults.py)
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Outcome:
     terminals: int = 0  # terminal events the client saw
     http: int = 0
     server_error: bool = False
+    injected: bool = False  # the error named the injected fault
     request_id: str | None = None
     error: str | None = None  # a connection error the client saw
     ttft: float | None = None
@@ -54,7 +62,8 @@ def main(argv: list[str]) -> int:
     model_dir = ensure_default_model()
     rows, totals = [], []
     for mode in args.modes.split(","):
-        with ServedProcess(model_dir, MODES[mode] + args.serve_args.split()) as server:
+        fault = ["--fault-after-steps", str(max(1, int(FAULT_AT[mode] * args.requests)))] if args.fault else []
+        with ServedProcess(model_dir, MODES[mode] + fault + args.serve_args.split()) as server:
             outcomes = asyncio.run(drive(server.url, args.clients, args.requests, args.seed, args.deadline))
             time.sleep(1.0)  # the last cancellations reach the trace log
             counts = count(outcomes, server.log_path.read_text(errors="replace"))
@@ -74,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=400.0,
                    help="seconds a request may take before it counts as hung (beyond the queue wait)")
+    p.add_argument("--fault", action=argparse.BooleanOptionalAction, default=True,
+                   help="inject one model-owner fault mid-run (test-only serve flag --fault-after-steps)")
     p.add_argument("--serve-args", default="", help="extra `metrale serve` flags, e.g. '--max-pending 64'")
     return p
 
@@ -124,6 +135,7 @@ async def _http(http, url: str, prompt: str, max_tokens: int, out: Outcome) -> N
         if not stream:
             payload = await r.json()
             out.request_id = payload.get("id")
+            out.injected = INJECTED in payload.get("error", {}).get("message", "")
             out.terminals = 1
             out.status = "finished" if r.status == 200 else "failed"
             out.ttft = time.perf_counter() - started
@@ -142,6 +154,7 @@ async def _read_sse(r, out: Outcome, started: float) -> None:
             out.terminals += 1
             out.status = "cancelled" if "cancelled" in event["error"]["message"] else "failed"
             out.server_error |= event["error"]["code"] >= 500 and out.status == "failed"
+            out.injected |= INJECTED in event["error"]["message"]
             continue
         out.request_id = event["id"]
         if event["choices"] and event["choices"][0]["finish_reason"] is not None:
@@ -178,11 +191,12 @@ async def _ws(ws, i: int, prompt: str, max_tokens: int, outcomes: list[Outcome])
         else:
             out.status = "rejected" if msg["error"]["code"] == 429 else "failed"
             out.server_error = msg["error"]["code"] >= 500
+            out.injected = INJECTED in msg["error"]["message"]
         return
 
 
 COLUMNS = ("requests", "admitted", "finished", "cancelled", "failed", "rejected_429", "lost", "hung",
-           "unexpected_5xx", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms")
+           "faults", "injected_5xx", "unexpected_5xx", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms")
 
 
 def count(outcomes: list[Outcome], log: str) -> dict:
@@ -198,7 +212,9 @@ def count(outcomes: list[Outcome], log: str) -> dict:
             "failed": sum(o.status == "failed" for o in outcomes),
             "rejected_429": sum(o.status == "rejected" for o in outcomes),
             "lost": client_lost + server_lost, "hung": sum(o.status == "hung" for o in outcomes),
-            "unexpected_5xx": sum(o.server_error for o in outcomes),
+            "faults": log.count('"fault_injected"'),
+            "injected_5xx": sum(o.server_error and o.injected for o in outcomes),
+            "unexpected_5xx": sum(o.server_error and not o.injected for o in outcomes),
             "p50_ttft_ms": _pct(ttfts, 50), "p99_ttft_ms": _pct(ttfts, 99),
             "p50_itl_ms": _pct(gaps, 50), "p99_itl_ms": _pct(gaps, 99)}
 

@@ -23,3 +23,18 @@ async def test_a_burst_of_64_clients_queues_and_every_admitted_request_ends_once
     assert counts["admitted"] == REQUESTS and counts["rejected_429"] == 0, counts
     assert counts["lost"] == counts["hung"] == counts["unexpected_5xx"] == 0, counts
     assert counts["cancelled"] > 0 and counts["finished"] > 0, counts  # the mix did drop and cancel some
+
+
+async def test_an_injected_owner_fault_mid_load_fails_only_its_step_and_is_counted_apart(model_dir, tmp_path):
+    server = ServerProcess(tmp_path, max_pending=AdmissionConfig().max_pending,
+                           extra=("--scheduler-mode", "mtp_batch", "--max-active-requests", "16",
+                                  "--fault-after-steps", "6"))
+    try:
+        outcomes = await drive(server.url, 32, 64, seed=2, deadline=120)
+        await asyncio.sleep(1.0)
+        counts = count(outcomes, server.log())
+        assert server.health()["status"] == "ok"  # the owner failed one step, not the server
+    finally:
+        server.stop()
+    assert counts["faults"] == 1 and counts["injected_5xx"] >= 1, counts
+    assert counts["lost"] == counts["hung"] == counts["unexpected_5xx"] == 0, counts
