@@ -44,13 +44,29 @@ def document(app: web.Application) -> dict:
     for path, methods in _routes(app).items():
         for method, handler in methods.items():
             paths.setdefault(path, {}).setdefault(method, _undescribed(path, handler))
-    return {"openapi": "3.1.0",
-            "info": {"title": "metrale", "version": "0.1.0",
-                     "description": "OpenAI-compatible serving with speculative decoding. Request fields: "
-                                    "OpenAI's are honoured, or accepted only at their neutral values (any other "
-                                    "value is a 400 naming the field); unknown fields are a 400 naming them; "
-                                    f"this server's extras are {', '.join(EXTRAS)}."},
-            "paths": paths, "components": {"schemas": components}}
+    doc = {"openapi": "3.1.0",
+           "info": {"title": "metrale", "version": "0.1.0",
+                    "description": "OpenAI-compatible serving with speculative decoding. Request fields: "
+                                   "OpenAI's are honoured, or accepted only at their neutral values (any other "
+                                   "value is a 400 naming the field); unknown fields are a 400 naming them; "
+                                   f"this server's extras are {', '.join(EXTRAS)}."},
+           "paths": paths, "components": {"schemas": components}}
+    return _secure(doc, config.server.api_key)
+
+
+def _secure(doc: dict, api_key: str | None) -> dict:
+    """With --api-key: Bearer auth on every operation but /health's (runtime/auth.py)."""
+    if api_key is None:
+        return doc
+    for path, methods in doc["paths"].items():
+        for operation in methods.values():
+            if path == "/health":
+                operation["security"] = []
+            else:
+                operation.setdefault("responses", {})["401"] = {
+                    "description": "missing or wrong API key", "content": _json("ErrorResponse")}
+    doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return {**doc, "security": [{"bearer": []}]}
 
 
 async def openapi_json(request: web.Request) -> web.Response:
@@ -147,7 +163,8 @@ def _paths() -> dict:
                                          **_errors("400")}}},
         "/health": {"get": {"summary": "liveness and state",
                             "responses": {"200": {"description": "ok", "content": _json("Health")},
-                                          "503": {"description": "degraded: an actor failed",
+                                          "503": {"description": "degraded (an actor failed) or draining "
+                                                                 "(shutting down)",
                                                   "content": _json("Health")}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics",
                              "responses": {"200": {"description": "text exposition format",

@@ -107,7 +107,7 @@ class ModelList(_Out, frozen=True, kw_only=True):
 class Health(_Out, frozen=True, kw_only=True):
     """The fields of /health a monitor relies on; the body has more (scheduler and telemetry state)."""
 
-    status: Literal["ok", "degraded"]
+    status: Literal["ok", "degraded", "draining"]  # draining: SIGTERM came, nothing new is admitted
     failure: str | None
     model: str
     mode: str

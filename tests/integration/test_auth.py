@@ -98,3 +98,12 @@ async def test_idle_and_trickling_connections_are_closed_after_the_keepalive_tim
         port = int(served.url.rsplit(":", 1)[1])
         assert await asyncio.to_thread(closed_within, port, b"", 5) < 5
         assert await asyncio.to_thread(closed_within, port, b"POST /v1/completions HTTP/1.1\r\nHost: 1", 5) < 5
+
+
+async def test_the_openapi_document_says_how_to_authenticate(model_dir):
+    async with Served(model_dir, api_key=KEY) as served:
+        async with served.http.get(served.url + "/openapi.json", headers=GOOD) as r:
+            doc = await r.json()
+    assert doc["security"] == [{"bearer": []}] and doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert doc["paths"]["/health"]["get"]["security"] == []
+    assert "401" in doc["paths"]["/v1/completions"]["post"]["responses"]

@@ -47,3 +47,12 @@ def test_unsupported_fields_list_only_their_neutral_values_and_limits_come_from_
     assert MODEL in props["model"]["enum"]
     completion = document(app())["components"]["schemas"]["CompletionRequest"]["properties"]
     assert completion["logprobs"]["enum"] == [None]  # an int there: false is not one of its values
+
+
+def test_with_an_api_key_the_document_is_valid_and_names_the_bearer_scheme():
+    config = override(Config(), "server", api_key="k")
+    web_app = build_app(SimpleNamespace(info=SimpleNamespace(model_id=MODEL, context_length=64), failure=None), config)
+    doc = document(web_app)
+    schemathesis.openapi.from_dict(doc)
+    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    assert "k" not in msgspec.json.encode(doc).decode().split('"')  # the key itself is never in it
