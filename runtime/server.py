@@ -76,7 +76,7 @@ async def health(request: web.Request) -> web.Response:
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",
-                        status=503 if system.failure or system.drain.closed else 200)  # a monitor reads the status alone
+                        status=503 if system.failure or system.drain.closed else 200)  # a monitor reads it alone
 
 
 async def metrics(request: web.Request) -> web.Response:

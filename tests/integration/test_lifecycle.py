@@ -33,7 +33,7 @@ def ended(server, rid: str) -> list[dict]:
 
 
 async def test_sigterm_ends_in_flight_requests_then_exits_zero(model_dir, tmp_path):
-    server = ServerProcess(tmp_path, extra=("--shutdown-timeout", "0"))  # no drain: cancel at once (test_drain.py drains)
+    server = ServerProcess(tmp_path, extra=("--shutdown-timeout", "0"))  # cancel at once (test_drain.py drains)
     try:
         async with aiohttp.ClientSession() as http:
             r = await http.post(server.url + "/v1/chat/completions", json=LONG)
