@@ -56,7 +56,6 @@ class SpecStep:
                                    verify_j=self.meter.read().since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens)
-        await self.start_ahead(batch, results)
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts:
                 seq.spec.note_verify(len(row.drafts), result.accepted, wall, drafted.confidences)
@@ -65,6 +64,8 @@ class SpecStep:
             else:
                 seq.spec.plain_steps += 1
                 seq.spec.plain_seconds += wall
+        await self.start_ahead(batch, results)  # once the outcomes are in: they decide the next step
+        for seq, result in zip(batch, results):
             await self.emit(seq, list(result.emitted))
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
         outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
@@ -79,6 +80,8 @@ class SpecStep:
             and self.policy.next_is_plain(batch)
         if self.ahead:
             await self.owner.tell(StartAhead(seq_ids=going))
+            if self.policy.controller is not None:
+                self.policy.controller.ahead_started()
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""

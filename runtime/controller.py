@@ -115,7 +115,8 @@ class OnlineController:
         self.phase_speculates: dict[Phase, bool] = {}
         self.switches: list[tuple[Phase, bool]] = []  # phase decision flips not yet traced
         self.burst_left = 0  # exploring steps left in the current burst
-        self.cold_next = False  # the next plain step follows an exploration (no lookahead in flight)
+        self.cold_next = False  # the next plain step follows a speculative one with no lookahead in flight
+        self.explored_last = False  # the latest speculative step explored
 
     # --- requests --------------------------------------------------------------------------------
     def control(self, seq) -> RequestControl:
@@ -180,14 +181,22 @@ class OnlineController:
     # --- what happened ---------------------------------------------------------------------------
     def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True) -> None:
         """A plain step's cost. Only a step the controller chose plain (someone could have drafted)
-        pays into the exploration allowance: requests that never draft buy no exploration."""
-        if self.cold_next:
-            self.budget.note_cold(ms, self.costs.table().step_cost(width, 0).ms)
-            self.cold_next = False
+        pays into the exploration allowance: requests that never draft buy no exploration. A cold
+        step after a speculative one is a transition, not a plain step's cost: counting it would make
+        plain decode look dearer the more the server speculates (and so speculate more)."""
         self.burst_left = 0
-        self.costs.observe("verify", width, 0, ms, joules)
+        if self.cold_next:
+            if self.explored_last:
+                self.budget.note_cold(ms, self.costs.table().step_cost(width, 0).ms)
+            self.cold_next = False
+        else:
+            self.costs.observe("verify", width, 0, ms, joules)
         if chosen:
             self.budget.note_plain(ms)
+
+    def ahead_started(self) -> None:
+        """The plain step after this speculative one is computing already: it will be warm."""
+        self.cold_next = False
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
                     draft_width: int, draft_ms: float, draft_j: float, tokens: int) -> None:
@@ -202,7 +211,7 @@ class OnlineController:
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
         else:
             self.burst_left = 0
-        self.cold_next = plan.exploring
+        self.cold_next, self.explored_last = True, plan.exploring
 
     def record_outcome(self, seq, drafted: int, accepted: int) -> None:
         ctl = self.control(seq)

@@ -60,6 +60,7 @@ class Consulted(msgspec.Struct, frozen=True, kw_only=True):
     pinned: bool
     exploring: bool
     reason: str
+    ahead: bool = False  # a lookahead plain step was computing: the step was that one, nothing was decided
     gate: GateInputs | None = None
     controller: ControllerInputs | None = None
 
@@ -114,17 +115,18 @@ def consult(policy, batch, choice, context_depth: int) -> Consulted:
     decider = "controller" if policy.controller is not None else "gate" if policy.gate is not None \
         else policy.setting.value
     gate = ctl = None
-    if decider == "controller":
-        ctl = _controller_inputs(policy, batch, eligible)
+    if decider == "controller":  # what the plan read, captured when it was made (policy.read) or now
+        ctl = policy.read if policy.read is not None else controller_inputs(policy, batch, eligible)
     elif decider == "gate":
         entering = min((s.think.post_think_emitted for s, ok in zip(batch, eligible) if ok), default=None)
-        gate = GateInputs(consulted=any(eligible) and not capped, entering=entering, state=policy.gate.snapshot())
+        gate = GateInputs(consulted=any(eligible) and not capped and not choice.ahead, entering=entering,
+                          state=policy.gate.snapshot())
     return Consulted(decider=decider, context_depth=context_depth, eligible=eligible, chosen=choice.step.value,
-                     depths=choice.depths, pinned=choice.pinned, exploring=choice.exploring,
+                     depths=choice.depths, pinned=choice.pinned, exploring=choice.exploring, ahead=choice.ahead,
                      reason=reason(decider, choice, any(eligible), capped, gate), gate=gate, controller=ctl)
 
 
-def _controller_inputs(policy, batch, eligible) -> ControllerInputs:
+def controller_inputs(policy, batch, eligible) -> ControllerInputs:
     controller = policy.controller
     table = controller.costs.table()
     seqs = []
@@ -147,6 +149,8 @@ def reason(decider: str, choice, any_eligible: bool, capped: bool, gate: GateInp
         return "not_eligible"
     if capped:
         return "over_cap"
+    if choice.ahead:
+        return "lookahead"
     if decider == "controller":
         return "exploring" if choice.exploring else "planner_speculates" if speculates else "planner_plain"
     if decider == "gate":

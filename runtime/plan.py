@@ -12,8 +12,9 @@ propose_depth, before drafting: the K in 0..max_k (among the table's depths) max
 n E[tokens](K) / C_joules(n, K), among the K whose n E[tokens](K) / C_ms(n, K) is at least
 (1 - slack) times depth 1's (depth 0's when the table has no depth 1). Ties keep the shallower K.
 That is the spec's rule, objective "energy". A request may ask for another objective: "latency"
-takes the K with the most tokens per ms (no floor); "balanced" the K with the best geometric mean
-of tokens per ms and tokens per joule, under the same floor.
+takes the K with the most tokens per ms (no floor); "balanced" (the served default) the K with the
+best geometric mean of tokens per ms and tokens per joule among the K at least as fast as plain
+decode (depth 0): a request never gets slower for the energy it saves.
 Above mtp_max_seqs the scheduler plain-decodes regardless, so it answers 0 for reason "over_cap"
 without reading the table; a 0 for reason "cost_model" means drafting does not pay here.
 
@@ -92,8 +93,8 @@ def propose_depth(
         for j, k in enumerate(table.depths)
         if k <= max_k
     }
-    floor = (1.0 - slack) * rates[1 if 1 in rates else 0][0]
-    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor or objective == "latency"]
+    floor = _floor(rates, slack, objective)
+    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor]
     score = _SCORES[objective]
     best = feasible[0]
     for k in feasible[1:]:  # ascending, so a tie keeps the shallower depth
@@ -105,6 +106,15 @@ def propose_depth(
         tokens_per_ms=rates[best][0],
         tokens_per_joule=rates[best][1],
     )
+
+
+def _floor(rates: dict[int, tuple[float, float]], slack: float, objective: Objective) -> float:
+    """The least tokens per ms a depth must reach to be chosen."""
+    if objective == "latency":
+        return 0.0
+    if objective == "balanced":
+        return rates[min(rates)][0]  # plain decode's own speed (depth 0 where the table has it)
+    return (1.0 - slack) * rates[1 if 1 in rates else 0][0]
 
 
 _SCORES = {

@@ -162,7 +162,7 @@ def controller_choice(trace: StepTrace, header: TraceHeader, slack: float, objec
     """The controller's plan (runtime/controller.py plan_step, the same code) on what the decision read."""
     d, ctl, n = trace.decision, trace.decision.controller, trace.width
     plain = Choice("plain", (0,) * n)
-    if not any(d.eligible) or n > header.mtp_max_seqs:
+    if not any(d.eligible) or n > header.mtp_max_seqs or d.ahead:
         return plain
     table = table_at(trace)
     views = [SeqView(objective or s.objective, s.mean, s.upper) if ok and s is not None else None

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from runtime.controller import OnlineController, Plan
+from runtime.decisions import controller_inputs
 from runtime.eligibility import (
     DEFAULT_ENTRY_PIN_TOKENS, GateSetting, ThinkMarkers, entry_pin_forces_verify, spec_dispatch_eligible,
 )
@@ -32,6 +33,7 @@ class StepChoice:
     pinned: bool = False  # run under the entry pin: not recorded by the gate
     exploring: bool = False  # run to learn, charged to the exploration budget
     eligible: int = 0  # sequences that could have drafted this step
+    ahead: bool = False  # the lookahead plain step already computing: nothing was decided
 
 
 class SpeculationPolicy:
@@ -48,6 +50,8 @@ class SpeculationPolicy:
         self.resume_guard, self.think_markers = resume_guard, think_markers
         self.last: StepChoice | None = None
         self.explore_allowed, self.continuing = False, False  # the controller's last plan could explore / was a burst
+        self.planned = None  # (sequence ids, choice, what it read): the next step's plan, made at lookahead
+        self.read = None  # what the current step's plan read, where it was made at the step before
 
     def use_controller(self, controller: OnlineController) -> None:
         """A cost table now exists (the self-calibration finished): the controller decides from here."""
@@ -68,23 +72,30 @@ class SpeculationPolicy:
 
     def choose(self, batch, context_depth: int, ahead: bool = False) -> StepChoice:
         """The step to run for this batch. Sequences not eligible take plain rows in a speculative step.
-        ahead: a plain step is already computing (lookahead), so this step does not explore: exploring
-        would drop it, a whole forward lost; next_is_plain says no in time for an exploration instead."""
+        ahead: a plain step is already computing (lookahead, started because next_is_plain said so),
+        so this step is that plain step: drafting now would drop it, a whole forward lost (it was the
+        dearest part of every speculative spell's first step). A change of mind waits one step."""
         eligible = [self.enabled and self.eligible(s) for s in batch]
         plain = StepChoice(GateStep.PLAIN, (0,) * len(batch))
+        planned, self.planned, self.read = self.planned, None, None
+        self.explore_allowed = self.continuing = False
         if not any(eligible) or len(batch) > self.mtp_max_seqs:
             choice = plain
+        elif ahead:
+            choice = dataclasses.replace(plain, ahead=True)
+        elif self.controller is not None and planned is not None and planned[0] == _ids(batch):
+            choice, self.read = planned[1], planned[2]  # decided when the last step looked ahead
         elif self.controller is not None:
-            choice = self._controlled(batch, eligible, explore=not ahead)
+            choice = self._controlled(batch, eligible)
         else:
             choice = self._gated(batch, eligible, context_depth) or plain
         choice = dataclasses.replace(choice, eligible=sum(eligible))
         self.last = choice
         return choice
 
-    def _controlled(self, batch, eligible, explore: bool = True) -> StepChoice:
+    def _controlled(self, batch, eligible) -> StepChoice:
         # Forced: the planner's depths with no exploration, so the path is fixed by the table alone.
-        self.explore_allowed = explore and self.setting is GateSetting.AUTO  # what the trace records
+        self.explore_allowed = self.setting is GateSetting.AUTO  # what the trace records
         self.continuing = self.controller.burst_left > 0
         plan: Plan = self.controller.plan(batch, eligible, explore=self.explore_allowed)
         step = GateStep.MTP if plan.speculates else GateStep.PLAIN
@@ -113,12 +124,16 @@ class SpeculationPolicy:
         return [min(d, c) for d, c in zip(depths, counts)]
 
     def next_is_plain(self, batch) -> bool:
-        """A guess for lookahead: a wrong one costs one dropped step, never a wrong token."""
+        """Whether the next step will be plain, so the owner may start it now (lookahead). With the
+        controller this is the next step's decision, made once: deciding again a step later flipped
+        about one transition in ten, each a cold plain step or a dropped lookahead (a whole forward)."""
         eligible = [self.enabled and self.eligible(s) for s in batch]
         if not any(eligible) or len(batch) > self.mtp_max_seqs:
             return True
-        if self.controller is not None:
-            return not self.controller.plan(batch, eligible, explore=self.setting is GateSetting.AUTO).speculates
+        if self.controller is not None:  # the controller decides here, once: the next step runs this plan
+            choice = self._controlled(batch, eligible)
+            self.planned = (_ids(batch), choice, controller_inputs(self, batch, eligible))
+            return choice.step is GateStep.PLAIN
         if self.gate is None:
             return False
         entering = min(s.think.post_think_emitted for s, ok in zip(batch, eligible) if ok)
@@ -166,3 +181,7 @@ class SpeculationPolicy:
                 "entry_pin_tokens": self.pin_tokens,
                 "gate": self.gate.snapshot() if self.gate is not None else None,
                 "controller": self.controller.snapshot(active) if self.controller is not None else None}
+
+
+def _ids(batch) -> tuple[str, ...]:
+    return tuple(s.request_id for s in batch)

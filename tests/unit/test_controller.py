@@ -120,3 +120,20 @@ def test_an_exploration_runs_as_a_burst_and_pays_for_the_cold_step_after_it():
     spent = ctl.budget.spent_ms
     ctl.record_plain(1, 120.0, 2.4)  # the step after: no lookahead was in flight
     assert ctl.budget.spent_ms > spent + 30.0 and not ctl.cold_next
+
+
+def test_a_cold_plain_step_after_a_speculative_one_does_not_teach_the_plain_cost():
+    """The step after a verify with no lookahead started pays a whole forward's latency: a transition.
+    Counted as plain decode's cost, plain would look dearer the more the server speculates."""
+    ctl = controller(by_depth=(0.9, 0.9, 0.9))
+    s = seq()
+    plan = ctl.plan([s], [True])
+    assert plan.speculates
+    for cold in (True, False):
+        ctl.record_spec(plan, [s], verify_depth=max(plan.depths), verify_ms=99.0, verify_j=2.0, draft_width=1,
+                        draft_ms=3.0, draft_j=0.06, tokens=2)
+        if not cold:
+            ctl.ahead_started()  # the scheduler started the next plain step right after the verify
+        before = ctl.costs.cost("verify", 1, 0).ms
+        ctl.record_plain(1, 200.0, 4.0)
+        assert (ctl.costs.cost("verify", 1, 0).ms == before) == cold

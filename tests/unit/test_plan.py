@@ -163,6 +163,19 @@ def test_propose_depth_is_the_best_feasible_depth(case, slack, max_k):
     assert all(feasible[k] < chosen * (1 + 1e-9) for k in feasible if k < choice.depth)
 
 
+@settings(max_examples=300, deadline=None)
+@given(case=planner_cases(), max_k=st.integers(0, 4))
+def test_balanced_is_never_slower_than_plain_decode_and_latency_is_the_fastest(case, max_k):
+    table, prior = case
+    rates = {k: spec_rates(table, prior, k) for k in range(max_k + 1)}
+    balanced = propose_depth(1, table=table, prior=prior, max_k=max_k, slack=0.1, mtp_max_seqs=32, objective="balanced")
+    assert rates[balanced.depth][0] >= rates[0][0] * (1 - 1e-9)
+    best = max(math.sqrt(r[0] * r[1]) for r in rates.values() if r[0] >= rates[0][0] * (1 - 1e-12))
+    assert math.sqrt(rates[balanced.depth][0] * rates[balanced.depth][1]) >= best * (1 - 1e-9)
+    latency = propose_depth(1, table=table, prior=prior, max_k=max_k, slack=0.1, mtp_max_seqs=32, objective="latency")
+    assert rates[latency.depth][0] >= max(r[0] for r in rates.values()) * (1 - 1e-9)
+
+
 @settings(max_examples=200, deadline=None)
 @given(case=planner_cases(), slacks=st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)))
 def test_more_slack_never_chooses_a_less_frugal_depth(case, slacks):
