@@ -20,6 +20,8 @@ server is its fastest run, the one least disturbed by other work on a shared mac
 text must still agree). Ratios are summed tokens over summed seconds. Last line:
 parity_ratio=R (hyper width 1 tok/s / serial tok/s) identical=0|1 (every trajectory hash equal and
 every tree output equal to the chain's) tree_speedup_chat=R tree_speedup_code=R (tree tok/s / width 1).
+--plot FILE.png draws the tree's per-prompt speedup over the chain along each set, every server's
+tok/s per set, and the layouts' verify cost over a plain step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from runtime.bench import _plot
 from runtime.bench.common import table
 
 FORCED = ["--mtp-gate", "force", "--spec-cost-model", "off", "--num-draft-tokens", "3"]
@@ -45,7 +48,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=2, help="runs of each prompt on each server (ABBA order)")
     p.add_argument("--layout-rounds", type=int, default=10, help="layout probe rounds; 0 skips it")
+    p.add_argument("--plot", metavar="FILE.png", help="draw per-prompt tree speedups, tok/s and layout costs")
     args = p.parse_args(argv)
+    if args.plot:
+        _plot.pyplot("metrale bench hyper")  # fail before measuring, not after
     from kernels.default_model import ensure_default_model
     from runtime.bench.spec import prompt_set
 
@@ -62,7 +68,10 @@ def main(argv: list[str]) -> int:
         from kernels.tree_probe import layout_costs
 
         layout = layout_costs(model_dir, rounds=args.layout_rounds)
-    print(report(parity, tree, layout))
+    text = report(parity, tree, layout)
+    print(text)
+    if args.plot:
+        plot(*curves(parity, tree), layout, text.splitlines()[-1], args.plot)
     return 0
 
 
@@ -183,3 +192,43 @@ def report(parity: dict, tree: dict, layout: list[dict] | None) -> str:
     lines.append(f"parity_ratio={ratio:.3f} identical={identical} tree_speedup_chat={speedups.get('chat', float('nan')):.3f} "
                  f"tree_speedup_code={speedups.get('code', float('nan')):.3f}")
     return "\n".join(lines)
+
+
+def curves(parity: dict, tree: dict) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Plain data for plot(): per set, the tree's speedup over the chain prompt by prompt; per set,
+    each server's tok/s (the parity servers, K=3 forced, under "K=3")."""
+    speedup = {s: [c.seconds / t.seconds for c, t in zip(tree["hyper_w1"][s], tree["hyper_tree"][s])]
+               for s in tree["hyper_w1"]}
+    rates = {"K=3": {name: tok_s(parity[name]["mixed"]) for name in parity}}
+    rates.update({s: {"chain": tok_s(tree["hyper_w1"][s]), "tree": tok_s(tree["hyper_tree"][s])} for s in tree["hyper_w1"]})
+    return speedup, rates
+
+
+def plot(speedup: dict[str, list[float]], rates: dict[str, dict[str, float]], layout: list[dict] | None,
+         last: str, path: str) -> None:
+    """Left: the tree's per-prompt speedup along each set; middle: tok/s by server and set; right:
+    each layout's verify cost over a plain step, where the layout probe ran."""
+    fig, (row,) = _plot.figure("metrale bench hyper", "bench hyper: width 1 against serial, trees against chains",
+                               cols=3, size=(15, 4.6))
+    left, middle, right = row
+    for set_name, values in speedup.items():
+        left.plot(range(1, len(values) + 1), values, marker="o", label=set_name)
+    _plot.even(left, "chain")
+    left.set(title="tree / chain per prompt", xlabel="prompt in set order", ylabel="chain s / tree s")
+    left.xaxis.get_major_locator().set_params(integer=True)
+    left.legend(fontsize=8)
+    bars = [(group, name, rate) for group, by_name in rates.items() for name, rate in by_name.items()]
+    colours = {group: f"C{i}" for i, group in enumerate(rates)}
+    drawn = middle.bar(range(len(bars)), [rate for _, _, rate in bars], color=[colours[g] for g, _, _ in bars])
+    middle.bar_label(drawn, fmt="%.1f", fontsize=7)
+    middle.set_xticks(range(len(bars)), labels=[f"{name}\n{group}" for group, name, _ in bars], fontsize=7)
+    middle.set(title="tok/s by server", ylabel="tok/s")
+    if layout:
+        labels = [f"{c['cell']}\n@{c['context']}" for c in layout]
+        right.bar(range(len(layout)), [c["min_ratio"] for c in layout])
+        right.set_xticks(range(len(layout)), labels=labels, fontsize=6, rotation=60)
+        _plot.even(right, "plain step")
+        right.set(title="verify cost over a plain step (fastest round)", ylabel="ratio")
+    else:
+        right.set_axis_off()
+    _plot.save(fig, path, last)

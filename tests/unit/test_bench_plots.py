@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from runtime.bench import batch, serve, spec  # noqa: E402
+from runtime.bench import batch, hyper, serve, spec  # noqa: E402
 from runtime.replay import Choice, Delivered, Replay, StepResult  # noqa: E402
 from runtime.replay_cli import plot as replay_plot  # noqa: E402
 
@@ -104,3 +104,21 @@ def test_the_benches_import_no_matplotlib_until_asked():
             "sys.exit('matplotlib' in sys.modules)")
     root = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
+
+
+def test_hyper_plot_draws_tree_speedups_tok_s_and_layouts(tmp_path):
+    def answers(seconds):
+        return [hyper.Answer(seconds=x, tokens=96, text="t", receipt={}) for x in seconds]
+
+    parity = {"serial": {"mixed": answers([5.0, 6.0])}, "hyper_w1": {"mixed": answers([5.1, 5.9])}}
+    tree = {"hyper_w1": {s: answers([6.0, 6.0, 6.0]) for s in ("chat", "code")},
+            "hyper_tree": {"chat": answers([5.0, 6.0, 5.5]), "code": answers([4.0, 5.0, 4.5])}}
+    speedup, rates = hyper.curves(parity, tree)
+    assert speedup["code"][0] == pytest.approx(1.5) and rates["chat"]["chain"] == pytest.approx(16.0)
+    layout = [{"context": c, "cell": cell, "min_ratio": r, "median_ratio": r + 0.1, "plain_ms": 60.0}
+              for c in (150, 700) for cell, r in (("chain", 1.2), ("mask", 1.4), ("rows", 1.9))]
+    path = tmp_path / "hyper.png"
+    hyper.plot(speedup, rates, layout, "parity_ratio=1.004 identical=1 tree_speedup_chat=1.098 "
+               "tree_speedup_code=1.200", str(path))
+    assert written(path)
+    keep(path)
