@@ -59,12 +59,6 @@ class Cancel(_Msg, frozen=True):
     reason: str = "client"
 
 
-class Ended(_Msg, frozen=True):
-    """A request left the system (any terminal event): its admission slot is free."""
-
-    request_id: str
-
-
 # --- scheduler -> streamer -> client ---------------------------------------------------------
 
 class Subscribe(_Msg, frozen=True):
