@@ -3,7 +3,8 @@
 Side by side in one run, on the default model with the same prompts: mlx-lm's own BatchGenerator
 (no speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request)
 and with speculation on (gate and planner on), both through a real server on loopback with one
-streaming client per request. Each width runs --rounds rounds, the three systems back to back in an
+streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
+so it starts from the shipped table as on a new machine and learns as it serves. Each width runs --rounds rounds, the three systems back to back in an
 order rotated per round. A system's tok/s and latency pool its rounds; a ratio is the median over
 rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
 runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
@@ -66,39 +67,48 @@ CONTROL = "mtp_batch_off_again"
 
 async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS,
               systems: tuple[str, ...] = SYSTEMS, plot_path: str | None = None) -> int:
-    from kernels.bare import BatchGeneratorRunner
-    from runtime.bench.serving import LoopbackServer, pooled
+    import tempfile
 
-    async with LoopbackServer(max(widths), port) as server:
-        codec = server.system.codec
-        batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
-        rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
-        warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
-        for name in systems:  # untimed: first runs page weights in and build every code path once
-            await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
-        for width in widths:
-            prompts = [texts[i % len(texts)] for i in range(width)]
-            ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
-            runs = {name: [] for name in systems}
-            spec_steps = Counter()
-            for r in range(rounds):
-                shift = r % len(systems)
-                for name in systems[shift:] + systems[:shift]:
-                    runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
-            off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
-            on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
-            share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
-            lines = [("batchgen", None, ""), ("mtp_batch_off", off, ""), ("mtp_batch_on", on, f"{share:.2f}")]
-            if CONTROL in runs:
-                lines.append((CONTROL, round_ratios(runs[CONTROL], runs["mtp_batch_off"]), ""))
-            for name, ratios, spec in lines:
-                r = pooled(runs[name])
-                ratio, spread = (f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}..{max(ratios):.3f}") \
-                    if ratios else ("", "")
-                rows.append([width, name, r.tokens, r.tok_s, r.itl_p50 * 1000, r.itl_p99 * 1000, ratio, spread, spec])
-                points.append((width, name, r.tok_s, ratios))
-            off_ratios.append(off)
-            on_ratios.append(on)
+    from runtime.bench.serving import LoopbackServer
+
+    with tempfile.TemporaryDirectory() as fresh:  # no learned table: the server starts as on a new machine
+        async with LoopbackServer(max(widths), port, learned_dir=fresh) as server:
+            return await _measure(server, widths, max_tokens, rounds, texts, systems, plot_path)
+
+
+async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
+    from kernels.bare import BatchGeneratorRunner
+    from runtime.bench.serving import pooled
+
+    codec = server.system.codec
+    batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
+    rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
+    warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
+    for name in systems:  # untimed: first runs page weights in and build every code path once
+        await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
+    for width in widths:
+        prompts = [texts[i % len(texts)] for i in range(width)]
+        ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
+        runs = {name: [] for name in systems}
+        spec_steps = Counter()
+        for r in range(rounds):
+            shift = r % len(systems)
+            for name in systems[shift:] + systems[:shift]:
+                runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
+        off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
+        on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
+        share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
+        lines = [("batchgen", None, ""), ("mtp_batch_off", off, ""), ("mtp_batch_on", on, f"{share:.2f}")]
+        if CONTROL in runs:
+            lines.append((CONTROL, round_ratios(runs[CONTROL], runs["mtp_batch_off"]), ""))
+        for name, ratios, spec in lines:
+            r = pooled(runs[name])
+            ratio, spread = (f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}..{max(ratios):.3f}") \
+                if ratios else ("", "")
+            rows.append([width, name, r.tokens, r.tok_s, r.itl_p50 * 1000, r.itl_p99 * 1000, ratio, spread, spec])
+            points.append((width, name, r.tok_s, ratios))
+        off_ratios.append(off)
+        on_ratios.append(on)
     print(table(["clients", "system", "tokens", "agg_tok_s", "itl_p50_ms", "itl_p99_ms", "ratio", "range",
                  "spec_steps"], rows))
     print("ratio: off vs batchgen, on vs off, off again vs off (median over rounds of the ratio within a round); "

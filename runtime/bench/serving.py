@@ -43,8 +43,9 @@ def pooled(runs: list[Timing]) -> Timing:
 class LoopbackServer:
     """`metrale serve --scheduler-mode mtp_batch` on 127.0.0.1, started and stopped in-process."""
 
-    def __init__(self, max_active: int, port: int = 0):
-        self.max_active, self.port = max_active, port or _free_port()
+    def __init__(self, max_active: int, port: int = 0, learned_dir: str | None = None):
+        """learned_dir: where the server keeps its learned cost tables (None: the user's cache)."""
+        self.max_active, self.port, self.learned_dir = max_active, port or _free_port(), learned_dir
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def __aenter__(self):
@@ -59,7 +60,9 @@ class LoopbackServer:
         tracing.configure("json", level="warning")
         config = override(load_config(preset("mtp_batch")), "scheduler", max_active_requests=self.max_active)
         config = override(config, "admission", max_pending=max(64, 2 * self.max_active))
-        self.system = System(config, ensure_default_model())
+        model_dir = ensure_default_model()  # from the user's cache: only the learned tables start fresh
+        config = override(config, "model", cache_dir=self.learned_dir)
+        self.system = System(config, model_dir)
         await self.system.start()
         self.runner = web.AppRunner(build_app(self.system, config), handler_cancellation=True, access_log=None)
         await self.runner.setup()
