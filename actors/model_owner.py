@@ -44,6 +44,14 @@ class ModelOwner(Actor):
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
+    def follow_up(self, fn, *args) -> None:
+        """Queue fn on the owner thread without waiting: the next step's start, which must not delay
+        this step's reply (MLX's CPU async_eval computes most of a forward before it returns). Later
+        commands queue behind it; a failure is logged, and the next command on that sequence fails."""
+        future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                                 or self.log.error("follow_up_failed", error=repr(f.exception())))
+
     async def setup(self) -> None:
         started = time.perf_counter()
         self.info = await self.on_thread(self._load)
@@ -75,11 +83,17 @@ class ModelOwner(Actor):
                      | VerifyBatch | Rollback | StartAhead | TimeCell | CanBranch | ProposeTree | VerifyTree) -> Any:
         match msg:
             case Prefill():
-                return await self.on_thread(self._prefill, msg)
+                reply = await self.on_thread(self._prefill, msg)
+                if msg.lookahead and not self.batched:
+                    self.follow_up(self.engine.start_ahead, (msg.seq_id,))
+                return reply
             case PrefillChunk():
                 return await self.on_thread(self._prefill_chunk, msg)
             case Decode():
-                return await self.on_thread(self._decode, msg)
+                reply = await self.on_thread(self._decode, msg)
+                if ahead := tuple(s for s, a in zip(msg.seq_ids, msg.lookahead) if a):
+                    self.follow_up(self.engine.start_ahead, ahead)
+                return reply
             case Propose():
                 return await self.on_thread(self._propose, msg)
             case ProposeMany():
@@ -92,7 +106,7 @@ class ModelOwner(Actor):
                 return await self.on_thread(self.engine.rollback, msg.seq_id, msg.drafted, msg.accepted,
                                             list(msg.emitted))
             case StartAhead():
-                return await self.on_thread(self.engine.start_ahead, msg.seq_ids)
+                return self.follow_up(self.engine.start_ahead, msg.seq_ids)
             case Release():
                 return await self.on_thread(self.engine.release, msg.seq_id)
             case TimeCell():
@@ -109,8 +123,8 @@ class ModelOwner(Actor):
     def _prefill(self, msg: Prefill) -> Prefilled:
         started = time.perf_counter()
         p = msg.params
-        token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, msg.lookahead,
-                                    drafts=not p.disable_mtp)
+        token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, False,
+                                    drafts=not p.disable_mtp)  # its lookahead follows the reply
         return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
 
     def _prefill_chunk(self, msg: PrefillChunk) -> PrefillProgress:
@@ -124,7 +138,7 @@ class ModelOwner(Actor):
 
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()
-        tokens = self.engine.decode(msg.seq_ids, msg.lookahead)
+        tokens = self.engine.decode(msg.seq_ids, (False,) * len(msg.seq_ids))  # lookahead follows the reply
         return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started)
 
     def _propose(self, msg: Propose) -> Drafted:

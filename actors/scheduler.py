@@ -60,6 +60,8 @@ class Scheduler(SpecStep, HyperPath, Actor):
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
         self.ahead = False  # a lookahead plain step is in flight
+        self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
+        self.interleaved = False  # something else (a prefill) ran since it
         self.consulted = None  # what the latest decision read, for its trace
         self.hyper_setup()  # hyper mode: the bound run, and the width executor (actors/scheduler_hyper.py)
 
@@ -112,6 +114,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
     async def decode_step(self, batch: list[Sequence]) -> None:
         """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
+        self.costs_of_last_step(batch)
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth, ahead=self.ahead)
         self.consulted = consult(self.policy, batch, choice, depth)
@@ -120,6 +123,16 @@ class Scheduler(SpecStep, HyperPath, Actor):
                 await self.spec_step(batch, choice)
         else:
             await self.plain_step(batch, chosen=choice.eligible > 0)
+
+    def costs_of_last_step(self, batch) -> None:
+        """The controller observes the last step's cost up to now, where nothing else ran since it."""
+        if (controller := self.policy.controller) is None:
+            return
+        ids, (ended, energy, last_ids) = tuple(s.request_id for s in batch), self.step_ended
+        contiguous = not self.interleaved and ids == last_ids
+        controller.step_starting((time.perf_counter() - ended) * 1e3 if contiguous else None,
+                                 self.meter.read().since(energy) if contiguous else 0.0)
+        self.interleaved = False
 
     async def calibrate_one(self) -> None:
         """One call of the self-calibration; the last one starts the online controller."""
@@ -154,6 +167,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
     async def prefill(self, seq: Sequence) -> None:
         """Prefill one sequence whole and emit its first token (serial)."""
         self._start(seq)
+        self.interleaved = True
         command = Prefill(seq_id=seq.request_id, prompt_ids=seq.prompt_ids, params=seq.params,
                           lookahead=self.mode.lookahead and seq.params.max_tokens > 1)
         try:
@@ -174,7 +188,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
                           for s in self.prefilling)
         if not self.prefilling:
             return
-        group = self.prefilling
+        group, self.interleaved = self.prefilling, True
         budget = self.budget.tokens() if self.mode.decode_batch(self.active) else 0
         try:
             progress = await self.owner.ask(PrefillChunk(items=items, budget=budget))
@@ -220,6 +234,7 @@ class Scheduler(SpecStep, HyperPath, Actor):
                 await self.fail(seq, e)
             return
         wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
+        self.step_ended = (started + wall, self.meter.read(), ids)
         if (controller := self.policy.controller) is not None:
             controller.record_plain(len(batch), wall * 1e3, joules, chosen)
         for seq, token in zip(batch, reply.tokens):

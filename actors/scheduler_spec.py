@@ -49,6 +49,7 @@ class SpecStep:
                 await self.fail(seq, e)
             return None
         wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
+        self.step_ended = (started + wall, self.meter.read(), tuple(s.request_id for s in batch))
         tokens = sum(len(r.emitted) for r in results)
         if (controller := self.policy.controller) is not None:
             controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),

@@ -129,6 +129,7 @@ class TreeExecutor:
             await s.fail(seq, e)
             return
         ended, energy = time.perf_counter(), s.meter.read()
+        s.step_ended = (ended, energy, (seq.request_id,))
         wall, depth = ended - started[0], max(tree.depths())
         self.planner.note_verify(table, len(spine), tree.size - len(spine), (ended - drafted[0]) * 1e3)
         self.note_outcome(seq, spine, kept, got)

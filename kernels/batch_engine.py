@@ -6,9 +6,8 @@ Rows then shed different numbers of entries (padding, rejected drafts): a ragged
 one trim by the common part and one per-row roll of the rest into the left padding.
 Sequences are prefilled alone and join the batch at its next step; ended ones are filtered out.
 
-Lookahead (plain steps, and after a verify whose next step is plain): the next plain step is built
-from this step's lazy tokens and started before this step's tokens are read, so graph building
-overlaps compute. It is used if the next
+Lookahead (plain steps, and after a verify whose next step is plain): the next plain step is started
+once this step's tokens are read, and computes while the scheduler streams them. It is used if the next
 call asks for the same rows (or some of them) with nobody joining; otherwise it is dropped: one
 trim of the batch cache, and each row's last token, random key and drafter feed put back.
 """
@@ -143,7 +142,7 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
 
 def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
     """One plain step for every sequence (tokens in seq_ids order). With `ahead`, the next plain
-    step is built and started before this one's tokens are read, so building overlaps compute."""
+    step is started once this one's tokens are read."""
     batch = engine.batch
     taken = batch.take_ahead(seq_ids)
     if taken is None:
@@ -152,9 +151,9 @@ def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
         rows = list(batch.ids)
     else:
         rows, step = taken
-    if ahead:
-        _start(engine, seq_ids)
     values = dict(zip(rows, step.tolist()))
+    if ahead:  # after reading: MLX's CPU async_eval runs most of the forward before it returns
+        _start(engine, seq_ids)
     return [values[s] for s in seq_ids]
 
 

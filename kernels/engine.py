@@ -62,8 +62,10 @@ class Engine:
             self._forward(state, prompt[done:done + n])
             mx.eval([c.state for c in state.cache])
             done += n
-        y = self._step(state, prompt[done:])
-        return self._emit(state, y, lookahead and self.batch is None)
+        token = self._emit(state, self._step(state, prompt[done:]))
+        if lookahead and self.batch is None:
+            self.start_ahead([seq_id])
+        return token
 
     def prefill_chunk(self, items, budget: int | None) -> tuple[dict[str, int] | None, int]:
         """mtp_batch chunked prefill: start a group (items: (seq_id, prompt_ids, temperature, top_p,
@@ -93,17 +95,18 @@ class Engine:
 
             return plain_rows(self, list(seq_ids), any(lookahead))
         out = []
-        for seq_id, ahead in zip(seq_ids, lookahead):
+        for seq_id in seq_ids:
             state = self.seqs[seq_id]
             y, state.pending = state.pending, None
-            if y is None:
-                y = self._step(state, state.last)
-            out.append(self._emit(state, y, ahead))
+            out.append(self._emit(state, self._step(state, state.last) if y is None else y))
+        self.start_ahead([s for s, ahead in zip(seq_ids, lookahead) if ahead])
         return out
 
     def start_ahead(self, seq_ids) -> None:
-        """Start the next plain step of these sequences now (after a verify and its rollback), so it
-        computes while the scheduler reads this step's tokens; the next decode takes it, a draft drops it."""
+        """Start the next plain step of these sequences (after a plain step or a verify), so it computes
+        while the scheduler streams this step's tokens; the next decode takes it, a draft drops it.
+        MLX's CPU async_eval runs most of a forward before it returns (it lets only a few ops queue
+        ahead), so the model owner calls this after replying, not before reading the token."""
         if self.batch is not None:
             from kernels.batch_engine import start_ahead
 
@@ -127,12 +130,8 @@ class Engine:
         self.seqs.clear()
         mx.synchronize()
 
-    def _emit(self, state: SeqState, y: mx.array, lookahead: bool) -> int:
-        # Build and start the next step before reading this token, so the graph build overlaps compute.
+    def _emit(self, state: SeqState, y: mx.array) -> int:
         state.last = y
-        if lookahead:
-            state.pending = self._step(state, y)
-            mx.async_eval(state.pending)
         return y.item()
 
     def _forward(self, state: SeqState, tokens: mx.array, verifying: bool = False) -> mx.array:

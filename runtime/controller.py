@@ -40,6 +40,20 @@ EXPLORE_BURST = 4  # an exploration runs this many steps: one cold plain step af
 CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """One step's measured costs, observed once the next step starts (its gap then known)."""
+
+    width: int
+    depth: int  # verified drafts per row (0: a plain step)
+    verify_ms: float
+    verify_j: float
+    draft_width: int = 0
+    draft_depth: int = 0
+    draft_ms: float = 0.0
+    draft_j: float = 0.0
+
+
 @dataclass
 class RequestControl:
     """The controller's state of one request."""
@@ -72,9 +86,10 @@ class SeqView:
 
 
 def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, mtp_max_seqs: int,
-              explore: bool, allowance_ms: float | None, continuing: bool = False) -> Plan:
+              explore: bool, allowance_ms: float | None, continuing: bool = False, optimistic=None) -> Plan:
     """Each sequence's depth (None: not eligible, a plain row) by its objective at the batch's width;
-    where none pays, the upper bounds' depths if the allowance covers the expected loss (None: no
+    where none pays, the depths the upper bounds choose (acceptance at its upper bound, costs at their
+    lower bound: the `optimistic` table) if the allowance covers the expected loss (None: no
     exploration), or while a burst goes on (continuing) and the allowance is not spent. The one
     implementation the served path and `metrale replay` both run."""
     n = len(views)
@@ -82,8 +97,9 @@ def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, m
     def depth(view: SeqView | None, upper: bool) -> int:
         if view is None:
             return 0
-        return propose_depth(n, table=table, prior=view.upper if upper else view.mean, max_k=max_k,
-                             slack=slack, mtp_max_seqs=mtp_max_seqs, objective=view.objective).depth
+        return propose_depth(n, table=(optimistic or table) if upper else table,
+                             prior=view.upper if upper else view.mean, max_k=max_k, slack=slack,
+                             mtp_max_seqs=mtp_max_seqs, objective=view.objective).depth
 
     depths = tuple(depth(v, False) for v in views)
     if any(depths) or not explore or allowance_ms is None:
@@ -116,6 +132,7 @@ class OnlineController:
         self.switches: list[tuple[Phase, bool]] = []  # phase decision flips not yet traced
         self.burst_left = 0  # exploring steps left in the current burst
         self.cold_next = False  # the next plain step follows a speculative one with no lookahead in flight
+        self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
 
     # --- requests --------------------------------------------------------------------------------
@@ -152,7 +169,7 @@ class OnlineController:
         views = [self.view(seq) if ok else None for seq, ok in zip(batch, eligible)]
         plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
                          explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None,
-                         continuing=self.burst_left > 0)
+                         continuing=self.burst_left > 0, optimistic=self.costs.optimistic_table())
         for seq, depth in zip(batch, plan.depths):
             self.control(seq).depth = depth
         self._note_phase_decisions(batch, eligible, n, table)
@@ -190,9 +207,22 @@ class OnlineController:
                 self.budget.note_cold(ms, self.costs.table().step_cost(width, 0).ms)
             self.cold_next = False
         else:
-            self.costs.observe("verify", width, 0, ms, joules)
+            self.unobserved = StepCost(width, 0, ms, joules)
         if chosen:
             self.budget.note_plain(ms)
+
+    def step_starting(self, gap_ms: float | None, gap_j: float = 0.0) -> None:
+        """The next step starts: the latest step's cost is observed with the scheduler's time after it
+        (streaming its tokens, deciding), since a step costs what it takes from one start to the next:
+        a plain step's lookahead hides that time, a speculative step pays it. gap_ms None: something
+        else ran between (a prefill, a batch change), so the gap is not that step's."""
+        cost, self.unobserved = self.unobserved, None
+        if cost is None:
+            return
+        extra_ms, extra_j = (gap_ms, gap_j) if gap_ms is not None and gap_ms >= 0 else (0.0, 0.0)
+        if cost.draft_width:
+            self.costs.observe("draft", cost.draft_width, cost.draft_depth, cost.draft_ms, cost.draft_j)
+        self.costs.observe("verify", cost.width, cost.depth, cost.verify_ms + extra_ms, cost.verify_j + extra_j)
 
     def ahead_started(self) -> None:
         """The plain step after this speculative one is computing already: it will be warm."""
@@ -202,9 +232,8 @@ class OnlineController:
                     draft_width: int, draft_ms: float, draft_j: float, tokens: int) -> None:
         """A speculative step's costs (draft and verify apart) and its wall time in the budget."""
         n = len(batch)
-        if draft_width:
-            self.costs.observe("draft", draft_width, max(plan.depths), draft_ms, draft_j)
-        self.costs.observe("verify", n, verify_depth, verify_ms, verify_j)
+        self.unobserved = StepCost(n, verify_depth, verify_ms, verify_j, draft_width, max(plan.depths), draft_ms,
+                                   draft_j)
         if plan.exploring:
             plain = self.costs.table().step_cost(n, 0).ms
             self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)

@@ -37,6 +37,8 @@ class ControllerInputs(msgspec.Struct, frozen=True, kw_only=True):
     depths: tuple[int, ...]  # the table's depths
     verify: tuple[tuple[float, float], ...]  # (ms, joules) at this width, one per depth
     draft: tuple[tuple[float, float], ...]
+    optimistic_verify: tuple[tuple[float, float], ...] = ()  # the cells at their lower bounds (exploration's)
+    optimistic_draft: tuple[tuple[float, float], ...] = ()
     allowance_ms: float
     share: float
     explore: bool  # this step could explore (auto, not force, and no lookahead in flight)
@@ -134,10 +136,11 @@ def controller_inputs(policy, batch, eligible) -> ControllerInputs:
         read = controller.consulted(seq) if ok else None
         seqs.append(None if read is None else SeqInputs(objective=read[0], phase=read[1], mean=read[2],
                                                          upper=read[3]))
-    n = len(batch)
-    return ControllerInputs(seqs=tuple(seqs), depths=table.depths,
-                            verify=tuple((c.ms, c.joules) for c in table.verify_row(n)),
-                            draft=tuple((c.ms, c.joules) for c in table.draft_row(n)),
+    n, low = len(batch), controller.costs.optimistic_table()
+    cells = lambda row: tuple((c.ms, c.joules) for c in row)  # noqa: E731
+    return ControllerInputs(seqs=tuple(seqs), depths=table.depths, verify=cells(table.verify_row(n)),
+                            draft=cells(table.draft_row(n)), optimistic_verify=cells(low.verify_row(n)),
+                            optimistic_draft=cells(low.draft_row(n)),
                             allowance_ms=controller.budget.allowance_ms, share=controller.budget.share,
                             explore=policy.explore_allowed, continuing=policy.continuing)
 

@@ -30,6 +30,7 @@ MEMORY = 64  # observations after which a centre is an exponential average over 
 SPREAD_FLOOR = 0.02  # log units (2%): a tight cell still lets a real change through, step by step
 SPREAD_START = 0.25  # the spread assumed before any residual is seen
 SHRINK = 8.0  # pseudo-observations of a level's parent: a cell leans on its width until it has ~8 own
+Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cell's cost
 
 
 class RobustEstimate(msgspec.Struct, kw_only=True):
@@ -67,6 +68,7 @@ class OnlineCostModel:
         # kind -> level estimates: the kind as a whole, each width, each cell; for ms and joules
         self._levels: dict[tuple, RobustEstimate] = {}
         self._table: CostTable | None = None
+        self._optimistic: CostTable | None = None
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
         """One served step's cost (a plain step is verify at depth 0)."""
@@ -80,7 +82,7 @@ class OnlineCostModel:
             for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
                 self._levels.setdefault(key, RobustEstimate()).update(x)
         self.observations += 1
-        self._table = None
+        self._table = self._optimistic = None
 
     def ratio(self, kind: Kind, unit: str, width: int, depth: int) -> float:
         """Measured over prior cost at this cell (1.0 before anything is measured)."""
@@ -103,6 +105,27 @@ class OnlineCostModel:
             self._table = msgspec.structs.replace(self.prior, widths=tuple(widths), verify=grid["verify"],
                                                   draft=grid["draft"])
         return self._table
+
+    def optimistic_table(self) -> CostTable:
+        """The table with each speculative cell at the lower bound of its cost (Z spreads over the root
+        of its own count + 1): what exploration reads, so a cell the prior's shape prices too dear
+        still gets measured, and stops being discounted once it has been. Plain decode (verify at
+        depth 0), the baseline every step is judged against, keeps its estimate."""
+        if self._optimistic is None:
+            table = self.table()
+            grid = {kind: tuple(tuple(self._lower(kind, n, k, c) for k, c in zip(table.depths, cells))
+                                for n, cells in zip(table.widths, getattr(table, kind)))
+                    for kind in ("verify", "draft")}
+            self._optimistic = msgspec.structs.replace(table, verify=grid["verify"], draft=grid["draft"])
+        return self._optimistic
+
+    def _lower(self, kind: Kind, n: int, k: int, cost: Cost) -> Cost:
+        if k == 0:
+            return cost
+        own = self._levels.get((kind, "ms", n, k))
+        count, spread = (own.count, max(own.spread, SPREAD_FLOOR)) if own else (0, SPREAD_START)
+        factor = math.exp(-Z * spread / math.sqrt(count + 1))
+        return Cost(ms=cost.ms * factor, joules=cost.joules * factor)
 
     def learned_table(self, meta: TableMeta) -> CostTable:
         """The corrected table under new metadata: what is saved for the next start."""

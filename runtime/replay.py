@@ -149,13 +149,15 @@ def replay_gate_step(gate: MtpGate, trace: StepTrace, header: TraceHeader, measu
 
 
 # --- the controller -------------------------------------------------------------------------------
-def table_at(trace: StepTrace) -> CostTable:
-    """The cost cells the decision read, as a one-width table (what propose_depth reads at that width)."""
+def table_at(trace: StepTrace, optimistic: bool = False) -> CostTable:
+    """The cost cells the decision read, as a one-width table (what propose_depth reads at that width);
+    optimistic: the lower bounds exploration read (the cells themselves in traces from before them)."""
     ctl = trace.decision.controller
     meta = TableMeta(model_id="", drafter=trace.drafter, machine="", dtype="", blas="", energy_source="", date="")
     row = lambda cells: (tuple(Cost(ms=ms, joules=j) for ms, j in cells),)  # noqa: E731
-    return CostTable(meta=meta, widths=(trace.width,), depths=tuple(ctl.depths), verify=row(ctl.verify),
-                     draft=row(ctl.draft))
+    verify, draft = (ctl.optimistic_verify or ctl.verify, ctl.optimistic_draft or ctl.draft) if optimistic \
+        else (ctl.verify, ctl.draft)
+    return CostTable(meta=meta, widths=(trace.width,), depths=tuple(ctl.depths), verify=row(verify), draft=row(draft))
 
 
 def controller_choice(trace: StepTrace, header: TraceHeader, slack: float, objective: str | None) -> Choice:
@@ -169,7 +171,7 @@ def controller_choice(trace: StepTrace, header: TraceHeader, slack: float, objec
              for s, ok in zip(ctl.seqs, d.eligible)]
     plan = plan_step(views, table, max_k=header.num_draft_tokens, slack=slack, mtp_max_seqs=header.mtp_max_seqs,
                      explore=ctl.explore, allowance_ms=ctl.allowance_ms if ctl.share > 0 else None,
-                     continuing=ctl.continuing)
+                     continuing=ctl.continuing, optimistic=table_at(trace, optimistic=True))
     return Choice("mtp" if plan.speculates else "plain", plan.depths, exploring=plan.exploring)
 
 

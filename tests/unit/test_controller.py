@@ -100,6 +100,7 @@ def test_plain_steps_of_requests_that_never_draft_buy_no_exploration():
     ctl = controller()
     for _ in range(100):
         ctl.record_plain(1, 80.0, 1.6, chosen=False)  # e.g. disable_mtp: nobody could have drafted
+        ctl.step_starting(0.0)
     assert ctl.budget.earned_ms == 0.0 and ctl.costs.observations == 100
 
 
@@ -134,6 +135,25 @@ def test_a_cold_plain_step_after_a_speculative_one_does_not_teach_the_plain_cost
                         draft_ms=3.0, draft_j=0.06, tokens=2)
         if not cold:
             ctl.ahead_started()  # the scheduler started the next plain step right after the verify
+        ctl.step_starting(0.0)
         before = ctl.costs.cost("verify", 1, 0).ms
         ctl.record_plain(1, 200.0, 4.0)
+        ctl.step_starting(0.0)
         assert (ctl.costs.cost("verify", 1, 0).ms == before) == cold
+
+
+def test_a_step_costs_what_it_takes_from_one_start_to_the_next():
+    """The scheduler's time after a step (streaming, deciding) is that step's: hidden under a plain
+    step's lookahead, paid by a speculative one. Where something else ran between, it is left out."""
+    ctl = controller(by_depth=(0.9, 0.9, 0.9))
+    s = seq()
+    plan = ctl.plan([s], [True])
+    spec = dict(verify_depth=max(plan.depths), verify_ms=90.0, verify_j=1.8, draft_width=1, draft_ms=3.0,
+                draft_j=0.06, tokens=2)
+    ctl.record_spec(plan, [s], **spec)
+    ctl.step_starting(None)  # a prefill ran between: the gap is not the step's
+    alone = ctl.costs.cost("verify", 1, max(plan.depths)).ms
+    fresh = controller(by_depth=(0.9, 0.9, 0.9))
+    fresh.record_spec(plan, [s], **spec)
+    fresh.step_starting(30.0, 0.6)
+    assert fresh.costs.cost("verify", 1, max(plan.depths)).ms > alone * 1.05

@@ -160,3 +160,15 @@ def test_the_posterior_is_shrunk_toward_its_prior():
     mean = posterior(counts, (0.5,), 4.0, 1)[0]
     assert mean == 0.25 and posterior(counts, (0.5,), 4.0, 1, upper=True)[0] > mean
     assert math.isclose(posterior(Counts(), (0.5,), 4.0, 1)[0], 0.5)
+
+
+def test_exploration_reads_unmeasured_speculative_cells_at_their_lower_bound():
+    """A prior whose shape prices drafting too dear would never be corrected if exploration read it
+    as it is; the lower bound fades as the cell is measured, and plain decode is never discounted."""
+    costs = OnlineCostModel(prior_table(), "test")
+    low = costs.optimistic_table()
+    assert low.verify_cost(1, 0).ms == costs.table().verify_cost(1, 0).ms
+    assert low.verify_cost(1, 1).ms < 0.8 * costs.table().verify_cost(1, 1).ms
+    for _ in range(200):
+        costs.observe("verify", 1, 1, 90.0, 1.8)
+    assert costs.optimistic_table().verify_cost(1, 1).ms > 0.97 * costs.table().verify_cost(1, 1).ms
