@@ -1,7 +1,7 @@
 """Scheduler: owns sequences and forms each step from the scheduler mode.
 
 Receives Admitted, Cancel, Describe (ask: its state) and FailInFlight (fail every request held).
-Sends Prefill / Decode / Release / TimeCell to the model owner (and, in hyper mode's draft trees,
+Sends Prefill / Decode / StartAhead / Release / TimeCell to the model owner (and, in hyper mode's trees,
 CanBranch / ProposeTree / VerifyTree), Draft to the drafter and VerifyDrafts to the verifier (the
 speculative step), TokensEmitted and one terminal event
 (Finished, Cancelled or Failed) per request to the streamer, Samples to telemetry.
@@ -16,16 +16,16 @@ from typing import assert_never
 
 
 from actors.scheduler_hyper import HyperPath
+from actors.scheduler_learning import ControllerUpkeep
 from actors.scheduler_spec import SpecStep
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
     ActorFailure, Admitted, Cancel, Cancelled, Decode, Describe, Failed, FailInFlight, Finished, Prefill,
-    PrefillChunk, Prefilled, Release, Sample, TimeCell, TokensEmitted,
+    PrefillChunk, Prefilled, Release, Sample, TokensEmitted,
 )
 from runtime.controller import Learning
 from runtime.decisions import consult
-from runtime.self_calibration import SELF_CALIBRATED
 from runtime.modes import SchedulerMode
 from runtime.prefill_budget import PrefillBudget
 from runtime.energy import open_meter
@@ -34,10 +34,7 @@ from runtime.sequence import Sequence, Status
 from runtime.text import IncrementalText, TextCodec
 
 
-PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown
-
-
-class Scheduler(SpecStep, HyperPath, Actor):
+class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
     name = "scheduler"
 
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
@@ -123,39 +120,6 @@ class Scheduler(SpecStep, HyperPath, Actor):
                 await self.spec_step(batch, choice)
         else:
             await self.plain_step(batch, chosen=choice.eligible > 0)
-
-    def costs_of_last_step(self, batch) -> None:
-        """The controller observes the last step's cost up to now, where nothing else ran since it."""
-        if (controller := self.policy.controller) is None:
-            return
-        ids, (ended, energy, last_ids) = tuple(s.request_id for s in batch), self.step_ended
-        contiguous = not self.interleaved and ids == last_ids
-        controller.step_starting((time.perf_counter() - ended) * 1e3 if contiguous else None,
-                                 self.meter.read().since(energy) if contiguous else 0.0)
-        self.interleaved = False
-
-    async def calibrate_one(self) -> None:
-        """One call of the self-calibration; the last one starts the online controller."""
-        cal = self.calibration
-        kind, width, depth = cell = cal.next_cell()
-        try:
-            timed = await self.owner.ask(TimeCell(kind=kind, width=width, depth=depth))
-        except ActorFailure as e:
-            self.calibration = None
-            self.log.warning("self_calibration_failed", error=str(e))
-            return
-        cal.record(cell, timed.ms, timed.joules)
-        if cal.done:
-            self.calibration = None
-            self.policy.use_controller(self.learning.make_controller(cal.table(), SELF_CALIBRATED))
-            self.log.info("self_calibrated", cells=cal.total, plain_ms=round(cal.table().verify_cost(1, 0).ms, 2))
-            self.persist()
-
-    def persist(self) -> None:
-        """Save what the controller learned (the system says where)."""
-        self.persisted_at = time.monotonic()
-        if self.learning is not None and self.policy.controller is not None:
-            self.learning.save(self.policy.controller.costs)
 
     def describe(self) -> dict:
         return {"self_calibration": self.calibration.snapshot() if self.calibration else None,
@@ -264,18 +228,6 @@ class Scheduler(SpecStep, HyperPath, Actor):
                           width_bucket=decision.width_bucket)
             await self.telemetry.tell(Sample(name="gate_switches_total", value=1,
                                              labels=(("to", decision.mode.value),)))
-
-    async def after_control(self, batch) -> None:
-        """The controller's step end: evidence fades, phase decision flips are traced, the learned
-        table is saved now and then."""
-        controller = self.policy.controller
-        if controller is None:
-            return
-        controller.step_passed(batch)
-        for phase, speculates in controller.take_switches():
-            self.log.info("phase_decision_switched", phase=phase.value, speculates=speculates, width=len(batch))
-        if time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
-            self.persist()
 
     async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
         index = len(seq.output_ids)

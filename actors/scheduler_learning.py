@@ -1,0 +1,61 @@
+"""The scheduler's upkeep of the online controller (part of the scheduler actor, its own file to keep
+each under ~300 lines): each step's cost observed once the next step starts, the self-calibration
+run one call at a time while idle, evidence faded and phase switches traced after each step, and
+the learned table saved now and then. Sends TimeCell to the model owner.
+"""
+
+from __future__ import annotations
+
+import time
+
+from runtime.messages import ActorFailure, TimeCell
+from runtime.self_calibration import SELF_CALIBRATED
+
+PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown
+
+
+class ControllerUpkeep:
+    def costs_of_last_step(self, batch) -> None:
+        """The controller observes the last step's cost up to now, where nothing else ran since it."""
+        if (controller := self.policy.controller) is None:
+            return
+        ids, (ended, energy, last_ids) = tuple(s.request_id for s in batch), self.step_ended
+        contiguous = not self.interleaved and ids == last_ids
+        controller.step_starting((time.perf_counter() - ended) * 1e3 if contiguous else None,
+                                 self.meter.read().since(energy) if contiguous else 0.0)
+        self.interleaved = False
+
+    async def calibrate_one(self) -> None:
+        """One call of the self-calibration; the last one starts the online controller."""
+        cal = self.calibration
+        kind, width, depth = cell = cal.next_cell()
+        try:
+            timed = await self.owner.ask(TimeCell(kind=kind, width=width, depth=depth))
+        except ActorFailure as e:
+            self.calibration = None
+            self.log.warning("self_calibration_failed", error=str(e))
+            return
+        cal.record(cell, timed.ms, timed.joules)
+        if cal.done:
+            self.calibration = None
+            self.policy.use_controller(self.learning.make_controller(cal.table(), SELF_CALIBRATED))
+            self.log.info("self_calibrated", cells=cal.total, plain_ms=round(cal.table().verify_cost(1, 0).ms, 2))
+            self.persist()
+
+    def persist(self) -> None:
+        """Save what the controller learned (the system says where)."""
+        self.persisted_at = time.monotonic()
+        if self.learning is not None and self.policy.controller is not None:
+            self.learning.save(self.policy.controller.costs)
+
+    async def after_control(self, batch) -> None:
+        """The controller's step end: evidence fades, phase decision flips are traced, the learned
+        table is saved now and then."""
+        controller = self.policy.controller
+        if controller is None:
+            return
+        controller.step_passed(batch)
+        for phase, speculates in controller.take_switches():
+            self.log.info("phase_decision_switched", phase=phase.value, speculates=speculates, width=len(batch))
+        if time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
+            self.persist()
