@@ -6,7 +6,9 @@ decode: its wall time less the plain cost of the tokens it emitted (never below 
 excess of the plain step after it, which starts with no lookahead in flight. Every plain
 step adds `share` of its wall time to the allowance, so over any run exploration costs at most
 `share` of the time spent decoding plainly (1% by default) plus one step; the allowance is capped,
-so a long plain spell cannot buy a burst of losses later.
+so a long plain spell cannot buy a burst of losses later. Each burst of explorations that all lost
+halves what plain steps earn (down to 1/64), and one that paid restores it: where drafting never
+pays, exploration fades to a fraction of the share, and is still tried now and then.
 
 Pure: the scheduler passes wall times in.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 import msgspec
 
 DEFAULT_SHARE = 0.01
+MISSES_PER_HALVING = 4  # a burst of exploring steps that all lost halves what plain steps earn
+MAX_HALVINGS = 6  # down to 1/64 of the share: nothing is locked off for good
 
 
 class ExplorationBudget(msgspec.Struct, kw_only=True):
@@ -25,12 +29,19 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
     spent_ms: float = 0.0  # what exploration lost, all told
     earned_ms: float = 0.0  # what plain steps paid in, all told
     steps: int = 0
+    misses: int = 0  # exploring steps in a row that lost against plain decode
+
+    @property
+    def rate(self) -> float:
+        """What a plain step earns per ms: the share, halved for each losing burst in a row, so on a
+        workload where drafting never pays exploration costs well under the share."""
+        return self.share / 2 ** min(self.misses // MISSES_PER_HALVING, MAX_HALVINGS)
 
     def can_explore(self, expected_loss_ms: float) -> bool:
         return self.share > 0 and self.allowance_ms >= max(expected_loss_ms, 0.0)
 
     def note_plain(self, wall_ms: float) -> None:
-        earned = self.share * max(wall_ms, 0.0)
+        earned = self.rate * max(wall_ms, 0.0)
         self.earned_ms += earned
         self.allowance_ms = min(self.cap_ms, self.allowance_ms + earned)
 
@@ -40,6 +51,7 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
         self.allowance_ms -= loss
         self.spent_ms += loss
         self.steps += 1
+        self.misses = self.misses + 1 if loss > 0 else 0
         return loss
 
     def note_cold(self, wall_ms: float, warm_ms: float) -> float:
@@ -51,5 +63,6 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
         return loss
 
     def snapshot(self) -> dict:
-        return {"share": self.share, "allowance_ms": round(self.allowance_ms, 2), "spent_ms": round(self.spent_ms, 2),
-                "earned_ms": round(self.earned_ms, 2), "steps": self.steps}
+        return {"share": self.share, "rate": self.rate, "allowance_ms": round(self.allowance_ms, 2),
+                "spent_ms": round(self.spent_ms, 2), "earned_ms": round(self.earned_ms, 2), "steps": self.steps,
+                "misses": self.misses}

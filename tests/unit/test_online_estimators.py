@@ -172,3 +172,14 @@ def test_exploration_reads_unmeasured_speculative_cells_at_their_lower_bound():
     for _ in range(200):
         costs.observe("verify", 1, 1, 90.0, 1.8)
     assert costs.optimistic_table().verify_cost(1, 1).ms > 0.97 * costs.table().verify_cost(1, 1).ms
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40))
+def test_losing_explorations_earn_less_and_one_that_pays_restores_the_share(misses):
+    budget = ExplorationBudget(share=0.01)
+    for _ in range(misses):
+        budget.note_explored(100.0, 80.0, 1.0)  # lost 20 ms each
+    assert budget.rate == 0.01 / 2 ** min(misses // 4, 6) and budget.rate >= 0.01 / 64
+    budget.note_explored(100.0, 80.0, 2.0)  # two tokens: it paid
+    assert budget.rate == 0.01
