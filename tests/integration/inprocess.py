@@ -3,9 +3,13 @@ start), for tests that need a fault injected or a setting the shared server does
 
 from __future__ import annotations
 
+import logging
 import socket
+from contextlib import contextmanager
 
 import aiohttp
+import structlog
+from structlog.testing import capture_logs
 from aiohttp import web
 
 from actors.model_owner import ModelOwner
@@ -15,6 +19,19 @@ from runtime.server import make_runner
 from runtime.system import System
 
 PROMPT = "t3 t4 t5 t6"  # the tiny model's word-level tokenizer reads it as one token
+
+
+@contextmanager
+def every_event():
+    """structlog's capture_logs keeps the configured level filter, and a benchmark run earlier in this
+    process (LoopbackServer) sets it to warning: lift it, so info events are captured whatever ran before."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**saved)
 
 
 def tiny_model(tmp_path_factory):

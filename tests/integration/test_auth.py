@@ -11,11 +11,10 @@ import time
 
 import aiohttp
 import pytest
-from structlog.testing import capture_logs
 
 from runtime.auth import is_loopback, warn_if_open
 from runtime.config import Config, override, with_environment
-from tests.integration.inprocess import PROMPT, Served, tiny_model
+from tests.integration.inprocess import PROMPT, Served, tiny_model, every_event
 
 KEY = "sk-test-0123456789"
 GOOD, WRONG = {"Authorization": f"Bearer {KEY}"}, {"Authorization": "Bearer sk-test-0123456780"}
@@ -73,7 +72,7 @@ def test_binding_beyond_loopback_without_a_key_warns(capsys):
     import structlog
 
     log = structlog.get_logger()
-    with capture_logs() as logs:
+    with every_event() as logs:
         warn_if_open("127.0.0.1", None, log)
         warn_if_open("0.0.0.0", KEY, log)
         assert logs == [] and capsys.readouterr().err == ""

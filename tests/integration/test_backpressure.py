@@ -10,11 +10,10 @@ import json
 
 import msgspec
 import pytest
-from structlog.testing import capture_logs
 
 from runtime.actor import Actor
 from runtime.config import ActorsConfig, Config
-from tests.integration.inprocess import PROMPT, Served, tiny_model
+from tests.integration.inprocess import PROMPT, Served, tiny_model, every_event
 from tests.unit.test_send_graph import assert_acyclic
 
 REQUESTS, CLIENTS, TIMEOUT = 240, 48, 90
@@ -73,7 +72,7 @@ async def test_inboxes_of_one_and_many_requests_finish_with_nothing_lost(model_d
         for i in todo:
             results[i] = await one(served, i)
 
-    with capture_logs() as logs:
+    with every_event() as logs:
         async with Served(model_dir, base=tiny_inboxes()) as served:
             async with asyncio.timeout(TIMEOUT):  # a deadlock fails here instead of hanging
                 await asyncio.gather(*(client(served) for _ in range(CLIENTS)))

@@ -13,9 +13,8 @@ import socket
 import time
 
 import pytest
-from structlog.testing import capture_logs
 
-from tests.integration.inprocess import PROMPT, Served
+from tests.integration.inprocess import PROMPT, Served, every_event
 
 TIMEOUT_S, LONG = 1.0, 4000  # LONG tokens of output take the tiny model ~7 s: far past the stall
 BUFFER = 16384  # the server buffers ~3x this for a client: a few hundred tokens
@@ -95,7 +94,7 @@ def drained_to_close(sock: socket.socket) -> bool:
 
 @pytest.mark.parametrize("send", [send_sse_request, send_ws_request], ids=["sse", "websocket"])
 async def test_a_client_that_stops_reading_is_cancelled_and_stalls_no_one(model_dir, send):
-    with capture_logs() as logs:
+    with every_event() as logs:
         async with Served(model_dir, slow_client_timeout=TIMEOUT_S, stream_buffer_bytes=BUFFER) as served:
             sock = stalled_socket(served.url)
             try:
