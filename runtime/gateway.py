@@ -27,7 +27,7 @@ from runtime.messages import (
 TERMINAL = (Finished, Cancelled, Failed)
 QUEUE_TIMEOUT = "queue_timeout"  # the Cancel reason of a request that waited too long
 SLOW_CLIENT = "slow_client"  # ... of one whose client stopped reading
-_log = structlog.get_logger(actor="gateway")  # lazy: resolved per call, so a later configure (or a test's capture) applies
+_log = structlog.get_logger(actor="gateway")  # lazy: each call reads the configuration (a test capture too)
 POLL_S = 1.0  # how often a waiting caller looks whether the system failed
 
 
