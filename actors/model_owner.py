@@ -48,9 +48,11 @@ class ModelOwner(Actor):
         """Queue fn on the owner thread without waiting: the next step's start, which must not delay
         this step's reply (MLX's CPU async_eval computes most of a forward before it returns). Later
         commands queue behind it; a failure is logged, and the next command on that sequence fails."""
-        future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        future.add_done_callback(lambda f: f.cancelled() or f.exception() is None
-                                 or self.log.error("follow_up_failed", error=repr(f.exception())))
+        asyncio.get_running_loop().run_in_executor(self._thread, fn, *args).add_done_callback(self._follow_up_done)
+
+    def _follow_up_done(self, future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.log.error("follow_up_failed", error=repr(future.exception()))
 
     async def setup(self) -> None:
         started = time.perf_counter()
