@@ -29,12 +29,13 @@ class ModelOwner(Actor):
     name = "model_owner"
 
     def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
-                 batched: bool = False):
+                 batched: bool = False, rows_kernel: bool = True):
         super().__init__()  # its inbox bound: Config.actors
         self.model_path = model_path
         self.prefill_step = prefill_step
         self.spec = spec
         self.batched = batched  # mtp_batch: decoding sequences share one batch cache
+        self.rows_kernel = rows_kernel
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
         self.engine = None
         self.info: ModelInfo | None = None
@@ -66,14 +67,14 @@ class ModelOwner(Actor):
         from kernels.heads import build_drafter
         from kernels.loader import load
 
-        loaded = load(self.model_path)
+        loaded = load(self.model_path, self.rows_kernel)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
-                                              spec.mtp_head)
+                                              spec.mtp_head, self.rows_kernel)
         self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
-                         blas=BLAS, dtype=loaded.dtype, drafter=drafter_kind,
+                         blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,
                          quantization=Quantization(**loaded.quantization) if loaded.quantization else None)
 
     async def teardown(self) -> None:

@@ -81,8 +81,11 @@ def find_mtp_head(model_dir: Path, explicit: str | None = None) -> Path | None:
     return None
 
 
-def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, mtp_head: str | None):
+def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, mtp_head: str | None,
+                  rows_kernel: bool = True):
     """(resolved kind, engine-side drafter or None). n-gram and none need nothing on the owner."""
+    from kernels.loader import use_rows_kernel
+
     path = find_mtp_head(model_dir, mtp_head) if kind in ("auto", "mtp") else None
     if kind == "auto":
         kind = "mtp" if path is not None else "ngram"
@@ -92,10 +95,12 @@ def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, m
 
         if path is None:
             raise FileNotFoundError(f"--drafter mtp: no MTP head fits {model_dir} (give --mtp-head PATH)")
-        return kind, MtpDrafter(load_mtp_head(path), target)
+        head = load_mtp_head(path)
+        use_rows_kernel(head, rows_kernel)  # K head forwards of one row per draft
+        return kind, MtpDrafter(head, target)
     if kind == "draft-model":
         from kernels.drafters import DraftModelDrafter
         from kernels.loader import load
 
-        return kind, DraftModelDrafter(load(draft_model).model)
+        return kind, DraftModelDrafter(load(draft_model, rows_kernel).model)
     return kind, None

@@ -14,8 +14,9 @@ from mlx_lm.utils import load_model
 
 
 class LoadedModel:
-    def __init__(self, model: nn.Module, path: Path, config: dict):
+    def __init__(self, model: nn.Module, path: Path, config: dict, matmul: str = "stock"):
         self.model, self.path, self.config = model, path, config
+        self.matmul = matmul  # what runs the decode steps' products: "rows kernel", or "stock ..."
 
     @property
     def context_length(self) -> int:
@@ -47,7 +48,8 @@ class LoadedModel:
         return f"{q['bits']}-bit{mode} (group {q['group_size']}), {activations} activations"
 
 
-def load(path: Path | str) -> LoadedModel:
+def load(path: Path | str, rows_kernel: bool = True) -> LoadedModel:
+    """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not an mlx-lm model directory (no config.json)")
@@ -56,7 +58,17 @@ def load(path: Path | str) -> LoadedModel:
         # float32 is the fastest dtype on the CPU backend (float16 ~3x slower here).
         model.set_dtype(mx.float32)
     mx.eval(model.parameters())
-    return LoadedModel(model, path, config if isinstance(config, dict) else json.loads((path / "config.json").read_text()))
+    config = config if isinstance(config, dict) else json.loads((path / "config.json").read_text())
+    return LoadedModel(model, path, config, matmul=use_rows_kernel(model, rows_kernel))
+
+
+def use_rows_kernel(model: nn.Module, wanted: bool) -> str:
+    """Swap the kernel in where wanted; says what the model's products run on."""
+    if not wanted:
+        return "stock"
+    from kernels import rows_matmul
+
+    return "rows kernel" if rows_matmul.install(model) else f"stock (rows kernel {rows_matmul.status()})"
 
 
 def output_head(model):

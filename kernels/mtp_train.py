@@ -235,7 +235,7 @@ def run(args: argparse.Namespace, base=None) -> Path:
         logfile.write(line + "\n")
         logfile.flush()
 
-    base = base if base is not None else load(args.model).model
+    base = base if base is not None else load(args.model, rows_kernel=False).model  # training: no vjp
     base.freeze()
     seqs = [s for d in args.data for s in sequences_from(load_shards(Path(d).expanduser()))]
     train_seqs, val_seqs = split_sequences(seqs)

@@ -19,12 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
     if argv[:1] == ["calibrate"]:
-        from kernels.blas import select_blas
-
-        select_blas()
+        rest = select_blas_from(argv[1:])
         from runtime.calibrate import main as calibrate
 
-        return calibrate(argv[1:])
+        return calibrate(rest)
     if argv[:1] == ["train-mtp"]:
         return train_mtp(argv[1:])
     if argv[:1] == ["replay"]:
@@ -92,10 +90,10 @@ def resolve_model(config: Config) -> Path:
 
 
 def cmd_serve(args) -> int:
+    config = config_from_args(args)
     from kernels.blas import select_blas
 
-    select_blas()  # before anything imports mlx
-    config = config_from_args(args)
+    select_blas(config.model.blas)  # before anything imports mlx
     from runtime import tracing
     from runtime.modes import make_mode
 
@@ -138,11 +136,21 @@ def bench(argv: list[str]) -> int:
     if not argv or argv[0] not in names:
         print(f"usage: metrale bench NAME [options]; NAME is one of: {', '.join(names)}", file=sys.stderr)
         return 2
+    rest = select_blas_from(argv[1:])
+    module = importlib.import_module(f"runtime.bench.{argv[0].replace('-', '_')}")
+    return module.main(rest)
+
+
+def select_blas_from(argv: list[str]) -> list[str]:
+    """Benchmarks and calibrate take serve's --blas too: the BLAS is loaded before mlx, so before
+    the command's own arguments are read; returns the rest of argv."""
     from kernels.blas import select_blas
 
-    select_blas()
-    module = importlib.import_module(f"runtime.bench.{argv[0].replace('-', '_')}")
-    return module.main(argv[1:])
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_flags(parser, only=("model", "blas"))
+    known, rest = parser.parse_known_args(argv)
+    select_blas(known.cfg__model__blas or "auto")
+    return rest
 
 
 if __name__ == "__main__":

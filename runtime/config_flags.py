@@ -32,8 +32,11 @@ def flag_name(section: str, field: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, only: tuple[str, str] | None = None) -> None:
+    """Every Config field's flag, or with `only` (section, field) that one flag alone."""
     for section, field in config_fields():
+        if only is not None and (section, field.name) != only:
+            continue
         kind, text = _unwrap(field.type)
         options = {"dest": f"cfg__{section}__{field.name}", "default": None,
                    "help": f"{text} [{section}.{field.name}, default {_shown(field.default)}]"}

@@ -25,9 +25,10 @@ def prior_tables(model: str, drafter: str, cache: str | None) -> list[tuple[Path
     return [(table_path(model, drafter, cache), "cache"), (SHIPPED_DIR / table_name(model, drafter), "shipped")]
 
 
-def load_prior(model: str, drafter: str, cache: str | None, machine: str, log) -> tuple[CostTable, str] | None:
+def load_prior(model: str, drafter: str, cache: str | None, machine: str, log,
+               blas: str | None = None) -> tuple[CostTable, str] | None:
     """The first readable table and its origin ("cache", "shipped", or "foreign-..." when measured
-    on another machine); None when there is none."""
+    on another machine or, given `blas`, with another BLAS); None when there is none."""
     for path, origin in prior_tables(model, drafter, cache):
         if not path.exists():
             continue
@@ -36,12 +37,18 @@ def load_prior(model: str, drafter: str, cache: str | None, machine: str, log) -
         except CostTableError as e:
             log.warning("cost_table_unusable", path=str(path), reason=str(e))
             continue
-        native = table.meta.machine == machine
+        native = table.meta.machine == machine and (blas is None or same_blas(table.meta.blas, blas))
         source = origin if native else f"foreign-{origin}"
         log.info("cost_prior_loaded", path=str(path), source=source, measured_on=table.meta.machine,
                  widths=list(table.widths), depths=list(table.depths))
         return table, source
     return None
+
+
+def same_blas(a: str, b: str) -> bool:
+    """Same library ("mkl (path; why) | rows kernel" vs "mkl") and the same kernel for few rows:
+    either changed prices steps differently."""
+    return a.split(" ", 1)[0] == b.split(" ", 1)[0] and ("rows kernel" in a) == ("rows kernel" in b)
 
 
 def save_learned(costs: OnlineCostModel, path: Path, *, machine: str, blas: str, energy_source: str, log) -> None:

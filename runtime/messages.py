@@ -189,6 +189,12 @@ class ModelInfo(_Msg, frozen=True):
     dtype: str  # "float32", or e.g. "4-bit (group 64), float32 activations"
     quantization: Quantization | None = None
     drafter: str = "none"  # the drafter actually in use ("auto" resolved)
+    matmul: str = "stock"  # a step's few-row products: "rows kernel", or "stock ..." (kernels/rows_matmul.py)
+
+    @property
+    def compute(self) -> str:
+        """What prices a step, for the cost tables: the BLAS and the products' kernel."""
+        return f"{self.blas} | {self.matmul}"
 
 
 # --- scheduler -> drafter / verifier -> model owner --------------------------------------------

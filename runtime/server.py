@@ -69,7 +69,7 @@ async def health(request: web.Request) -> web.Response:
         "status": "degraded" if system.failure else "draining" if system.drain.closed else "ok",
         "failure": system.failure,
         "model": info.model_id, "model_path": info.path, "dtype": info.dtype, "quantization": info.quantization,
-        "context_length": info.context_length, "blas": info.blas,
+        "context_length": info.context_length, "blas": info.blas, "matmul": info.matmul,
         "mode": system.config.scheduler.mode,
         "uptime_s": round(time.monotonic() - system.started_at, 3),
         "scheduler": await system.describe_scheduler(),

@@ -82,7 +82,7 @@ class System:
         for actor in self.order():
             actor._task.add_done_callback(self._watch)
         self.log.info("system_started", model=self.info.model_id, mode=self.config.scheduler.mode,
-                      blas=self.info.blas)
+                      blas=self.info.blas, matmul=self.info.matmul)
 
     def _wire_after_load(self) -> None:
         """Admission needs the context length and speculation the drafter, known once the model is loaded."""
@@ -119,10 +119,11 @@ class System:
         model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
         learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
         energy_source = open_meter(spec.watts_per_core).source
-        learning = Learning(save=lambda costs: save_learned(costs, learned, machine=machine, blas=self.info.blas,
+        learning = Learning(save=lambda costs: save_learned(costs, learned, machine=machine, blas=self.info.compute,
                                                             energy_source=energy_source, log=self.log),
                             make_controller=self._make_controller)
-        found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log)
+        found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log,
+                           blas=self.info.compute)
         if found is not None:
             return self._make_controller(*found), learning
         if self.info.drafter in ("mtp", "ngram"):
@@ -149,7 +150,7 @@ class System:
         from runtime.self_calibration import SelfCalibration
 
         meta = TableMeta(model_id=model, drafter=self.info.drafter, machine=machine, dtype=self.info.dtype,
-                         blas=self.info.blas, energy_source=energy_source,
+                         blas=self.info.compute, energy_source=energy_source,
                          watts_per_core=self.config.spec.watts_per_core, date="")
         return SelfCalibration(meta, self.config.spec.num_draft_tokens)
 
@@ -196,11 +197,12 @@ def make_owner(config: Config, model_dir: Path) -> Actor:
     """The model owner; with the test-only fault_after_steps, one that fails one step (runtime/faults.py)."""
     args = (model_dir, config.model.prefill_step, config.spec)
     batched = config.scheduler.mode == "mtp_batch"
+    kwargs = {"batched": batched, "rows_kernel": config.model.rows_kernel}
     if config.model.fault_after_steps is None:
-        return ModelOwner(*args, batched=batched)
+        return ModelOwner(*args, **kwargs)
     from runtime.faults import FaultOnceOwner
 
-    return FaultOnceOwner(*args, batched=batched, fault_after_steps=config.model.fault_after_steps)
+    return FaultOnceOwner(*args, **kwargs, fault_after_steps=config.model.fault_after_steps)
 
 
 def check_same_tokenizer(codec: TextCodec, draft_model: str) -> None:

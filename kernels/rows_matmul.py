@@ -1,0 +1,189 @@
+"""The few-rows matrix product (kernels/rows_matmul/rows_matmul.cpp): built once per machine, swapped
+into a model's linear layers, stock MLX ops wherever it cannot run.
+
+Decode and verify steps multiply 1-16 rows by every weight matrix. The kernel reads each weight row
+once for all of them and computes every output as the same dot product whatever the row count, so
+a verify row's logits are bit for bit a plain step's. It is built with CMake against the installed
+MLX and nanobind, for this machine's vector units, into the environment's build folder; a build or
+load failure leaves the stock matmul in place with a warning, never a crash.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import kernels  # noqa: F401  (BLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+
+SOURCE = Path(__file__).with_name("rows_matmul")
+BUILD_ROOT = Path(sys.prefix) / "metrale-build"
+_module = None
+_failure: str | None = None
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def status() -> str:
+    """What /health and benchmarks report: "on", or why not."""
+    return "on" if available() else f"off ({_failure})"
+
+
+def load():
+    """The extension module, built first if this machine has none; None when it cannot be had."""
+    global _module, _failure
+    if _module is not None or _failure is not None:
+        return _module
+    try:
+        built = build(SOURCE, BUILD_ROOT)
+        spec = importlib.util.spec_from_file_location("_rows_matmul", built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _check(module)
+        _module = module
+    except Exception as e:  # noqa: BLE001  (any failure means stock ops, said once)
+        _failure = f"{type(e).__name__}: {' '.join(str(e).split())}"[:400]
+        warnings.warn(f"rows_matmul kernel unavailable, using stock MLX matmul: {_failure}", stacklevel=2)
+    return _module
+
+
+def build(source: Path = SOURCE, root: Path = BUILD_ROOT) -> Path:
+    """The built library for these sources, this MLX and this machine (built now if missing)."""
+    out = root / f"rows_matmul-{build_key(source)}"
+    found = sorted(out.glob("_rows_matmul*.so"))
+    if found:
+        return found[0]
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # servers starting together build once
+        found = sorted(out.glob("_rows_matmul*.so"))
+        if not found:
+            _cmake(source, out)
+            found = sorted(out.glob("_rows_matmul*.so"))
+        if not found:
+            raise RuntimeError(f"the build in {out} made no library")
+    return found[0]
+
+
+def build_key(source: Path) -> str:
+    from kernels.blas import machine_key
+
+    import nanobind
+
+    digest = hashlib.sha256()
+    for path in sorted(source.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(f"{mx.__version__} {nanobind.__version__} {machine_key({})}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _cmake(source: Path, out: Path) -> None:
+    import nanobind
+
+    mlx_cmake = Path(mx.__file__).parent / "share" / "cmake" / "MLX"  # mlx/core*.so -> mlx/share
+    work = out / "work"
+    configure = ["cmake", "-S", str(source), "-B", str(work), f"-DPython_EXECUTABLE={sys.executable}",
+                 f"-DMLX_DIR={mlx_cmake}", f"-Dnanobind_DIR={nanobind.cmake_dir()}",
+                 f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}"]
+    for command in (configure, ["cmake", "--build", str(work), "-j"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command[:2])} failed: {(done.stderr or done.stdout)[-2000:]}")
+
+
+def _check(module) -> None:
+    """The built kernel must agree with MLX's matmul before any model uses it."""
+    x, w = mx.random.normal((3, 40)), mx.random.normal((37, 40))
+    if not mx.allclose(module.rows_matmul(x, w), x @ w.T, rtol=1e-4, atol=1e-4).item():
+        raise RuntimeError("the built kernel disagrees with mx.matmul")
+
+
+def product(x: mx.array, w: mx.array) -> mx.array:
+    """x [..., K] @ w[N, K].T by the kernel where it applies, else by MLX."""
+    module = _module
+    if (module is not None and x.dtype == mx.float32 and w.dtype == mx.float32
+            and x.size // x.shape[-1] <= module.MAX_ROWS):
+        return module.rows_matmul(x, w)
+    return x @ w.T
+
+
+class RowsLinear(nn.Module):
+    """A bias-free float32 nn.Linear whose few-row products go through the kernel."""
+
+    def __init__(self, weight: mx.array):
+        super().__init__()
+        self.weight = weight
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return product(x, self.weight)
+
+
+class RowsEmbedding(nn.Embedding):
+    """A tied embedding whose use as the LM head goes through the kernel."""
+
+    def __init__(self, weight: mx.array):
+        super().__init__(*weight.shape)
+        self.weight = weight
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return product(x, self.weight)
+
+
+def install(model: nn.Module) -> int:
+    """Swap the model's float32 bias-free linear layers (and a tied LM head) for kernel ones;
+    returns how many were swapped (0 when the kernel is unavailable)."""
+    if load() is None:
+        return 0
+    return _swap(model, _to_kernel)
+
+
+def uninstall(model: nn.Module) -> None:
+    """Stock layers back (benchmarks time both paths in one process)."""
+    _swap(model, _to_stock)
+
+
+def _to_kernel(layer):
+    if type(layer) is nn.Linear and "bias" not in layer and layer.weight.dtype == mx.float32:
+        return RowsLinear(layer.weight)
+    if type(layer) is nn.Embedding and layer.weight.dtype == mx.float32:
+        return RowsEmbedding(layer.weight)
+    return None
+
+
+def _to_stock(layer):
+    if type(layer) is RowsLinear:
+        stock = nn.Linear(*reversed(layer.weight.shape), bias=False)
+    elif type(layer) is RowsEmbedding:
+        stock = nn.Embedding(*layer.weight.shape)
+    else:
+        return None
+    stock.weight = layer.weight
+    return stock
+
+
+def _swap(module: nn.Module, replace) -> int:
+    """Replace every layer below `module` that `replace` maps to a new one; how many were."""
+    swapped = 0
+    for name in list(module.children()):
+        child = module[name]  # children() hands out copies of lists; swap in the module's own
+        items = child if isinstance(child, list) else [child]
+        for i, item in enumerate(items):
+            if not isinstance(item, nn.Module):
+                continue
+            if (new := replace(item)) is None:
+                swapped += _swap(item, replace)
+                continue
+            if isinstance(child, list):
+                child[i] = new
+            else:
+                setattr(module, name, new)
+            swapped += 1
+    return swapped

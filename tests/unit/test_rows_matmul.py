@@ -1,0 +1,107 @@
+"""The few-rows kernel equals MLX's matmul, keeps a row's result whatever the row count, and its
+absence (a failed build) leaves stock ops running."""
+
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import rows_matmul
+
+pytestmark = pytest.mark.skipif(not rows_matmul.available(), reason=f"rows kernel {rows_matmul.status()}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 16), k=st.integers(1, 200), n=st.integers(1, 300), seed=st.integers(0, 2**16),
+       lead=st.sampled_from([(), (1,), (2,)]))
+def test_equals_stock_matmul_on_random_shapes(rows, k, n, seed, lead):
+    mx.random.seed(seed)
+    lead = lead if not lead or rows % lead[0] == 0 else ()
+    x = mx.random.normal((*lead, rows // (lead[0] if lead else 1), k))
+    w = mx.random.normal((n, k))
+    got = rows_matmul.product(x, w)
+    assert got.shape == (*x.shape[:-1], n)
+    assert mx.allclose(got, x @ w.T, rtol=1e-4, atol=1e-4 * k ** 0.5).item()
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(2, 16), k=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_a_rows_result_does_not_depend_on_the_other_rows(rows, k, seed):
+    # Batch invariance: a verify row's logits are bit for bit the plain step's.
+    mx.random.seed(seed)
+    x, w = mx.random.normal((rows, k)), mx.random.normal((97, k))
+    alone = mx.concatenate([rows_matmul.product(x[i:i + 1], w) for i in range(rows)])
+    assert mx.array_equal(rows_matmul.product(x, w), alone).item()
+
+
+def test_transposed_and_sliced_inputs_are_read_right():
+    x, w = mx.random.normal((8, 6)).T, mx.random.normal((10, 8))
+    assert mx.allclose(rows_matmul.product(x, w), x @ w.T, atol=1e-5).item()
+    x = mx.random.normal((3, 20))[:, 2:14]
+    w = mx.random.normal((12, 30))[:, ::2][:, 3:15]
+    assert mx.allclose(rows_matmul.product(x, w), x @ w.T, atol=1e-5).item()
+
+
+def test_more_rows_than_the_kernel_takes_go_to_stock_matmul():
+    x, w = mx.random.normal((40, 32)), mx.random.normal((16, 32))
+    assert mx.allclose(rows_matmul.product(x, w), x @ w.T).item()
+
+
+def test_install_swaps_linear_layers_and_a_tied_head_and_uninstall_restores_them():
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.layers = [nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=True)]
+
+        def __call__(self, ids):
+            h = self.embed(ids)
+            for layer in self.layers:
+                h = layer(h)
+            return self.embed.as_linear(h)
+
+    model = Tiny()
+    ids = mx.array([[1, 2, 3]])
+    before = model(ids)
+    assert rows_matmul.install(model) == 2  # the biased layer stays stock
+    assert type(model.layers[0]) is rows_matmul.RowsLinear and type(model.layers[1]) is nn.Linear
+    assert mx.allclose(model(ids), before, atol=1e-5).item()
+    rows_matmul.uninstall(model)
+    assert type(model.layers[0]) is nn.Linear and type(model.embed) is nn.Embedding
+    assert mx.allclose(model(ids), before, atol=1e-5).item()
+
+
+def test_the_default_models_weights_give_the_stock_logits():
+    from kernels.default_model import default_model_dir
+    from kernels.loader import load
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("default model not fetched")
+    loaded = load(default_model_dir())
+    assert loaded.matmul == "rows kernel"
+    ids = mx.array([[1, 504, 3458, 314, 2]])
+    mine = loaded.model(ids)
+    rows_matmul.uninstall(loaded.model)
+    stock = loaded.model(ids)
+    assert mx.allclose(mine, stock, rtol=1e-4, atol=2e-4).item()
+    assert mx.array_equal(mx.argmax(mine, -1), mx.argmax(stock, -1)).item()
+
+
+def test_a_build_failure_is_a_warning_and_stock_ops(tmp_path, monkeypatch):
+    broken = tmp_path / "src"
+    shutil.copytree(rows_matmul.SOURCE, broken)
+    (broken / "rows_matmul.cpp").write_text("this is not C++\n")
+    monkeypatch.setattr(rows_matmul, "SOURCE", broken)
+    monkeypatch.setattr(rows_matmul, "BUILD_ROOT", tmp_path / "build")
+    monkeypatch.setattr(rows_matmul, "_module", None)
+    monkeypatch.setattr(rows_matmul, "_failure", None)
+    with pytest.warns(UserWarning, match="rows_matmul kernel unavailable"):
+        assert rows_matmul.load() is None
+    assert rows_matmul.status().startswith("off (RuntimeError: cmake")
+    model = nn.Linear(8, 4, bias=False)
+    assert rows_matmul.install(model) == 0
+    x = mx.ones((2, 8))
+    assert mx.allclose(rows_matmul.product(x, model.weight), x @ model.weight.T).item()
