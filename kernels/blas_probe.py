@@ -3,7 +3,7 @@ MLX, times decode-shaped matrix products, and prints {"ms": ...} as its last lin
 
 The workload is a decode step's products at the default model's shapes (q, k, v, o, gate, up, down
 of 8 layers with their own weights, then the LM head), at 1, 2 and 4 rows: a plain step and the
-verify steps of one and three drafts. kernels/blas.py picks the library with the smallest sum.
+verify steps of one and three drafts. runtime/blas.py picks the library with the smallest sum.
 """
 
 import ctypes

@@ -17,8 +17,12 @@ CONTEXT_TOKENS = 128  # cost depends on shapes: any ids in the vocabulary make a
 class CellTimer:
     def __init__(self, engine, drafter_kind: str, max_k: int, meter, vocab_size: int):
         self.engine, self.drafter_kind, self.max_k, self.meter = engine, drafter_kind, max_k, meter
-        self.context = tuple((1000 + i) % vocab_size for i in range(CONTEXT_TOKENS))
+        self.context = self.context_of(vocab_size)
         self._probes: dict[tuple[str, int], object] = {}
+
+    @staticmethod
+    def context_of(vocab_size: int) -> tuple[int, ...]:
+        return tuple((1000 + i) % vocab_size for i in range(CONTEXT_TOKENS))
 
     def time(self, kind: str, width: int, depth: int) -> tuple[float, float]:
         """(wall ms, joules) of one call of the cell's probe."""

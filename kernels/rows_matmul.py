@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
+import shutil
 import subprocess
 import sys
 import warnings
@@ -74,7 +75,7 @@ def build(source: Path = SOURCE, root: Path = BUILD_ROOT) -> Path:
 
 
 def build_key(source: Path) -> str:
-    from kernels.blas import machine_key
+    from runtime.blas import machine_key
 
     import nanobind
 
@@ -88,12 +89,13 @@ def build_key(source: Path) -> str:
 def _cmake(source: Path, out: Path) -> None:
     import nanobind
 
+    cmake = shutil.which("cmake", path=str(Path(sys.executable).parent)) or shutil.which("cmake") or "cmake"
     mlx_cmake = Path(mx.__file__).parent / "share" / "cmake" / "MLX"  # mlx/core*.so -> mlx/share
     work = out / "work"
-    configure = ["cmake", "-S", str(source), "-B", str(work), f"-DPython_EXECUTABLE={sys.executable}",
+    configure = [cmake, "-S", str(source), "-B", str(work), f"-DPython_EXECUTABLE={sys.executable}",
                  f"-DMLX_DIR={mlx_cmake}", f"-Dnanobind_DIR={nanobind.cmake_dir()}",
                  f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}"]
-    for command in (configure, ["cmake", "--build", str(work), "-j"]):
+    for command in (configure, [cmake, "--build", str(work), "-j"]):
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command[:2])} failed: {(done.stderr or done.stdout)[-2000:]}")
@@ -187,3 +189,7 @@ def _swap(module: nn.Module, replace) -> int:
                 setattr(module, name, new)
             swapped += 1
     return swapped
+
+
+if __name__ == "__main__":  # `make setup` builds it at install time, so the first serve does not wait
+    print(f"rows_matmul kernel: {status()}")

@@ -91,7 +91,7 @@ def resolve_model(config: Config) -> Path:
 
 def cmd_serve(args) -> int:
     config = config_from_args(args)
-    from kernels.blas import select_blas
+    from runtime.blas import select_blas
 
     select_blas(config.model.blas)  # before anything imports mlx
     from runtime import tracing
@@ -116,7 +116,7 @@ async def _serve(system_cls, serve, config, model_dir) -> None:
 
 
 def cmd_fetch(args) -> int:
-    from kernels.blas import select_blas
+    from runtime.blas import select_blas
 
     select_blas()
     from kernels.default_model import ensure_default_model
@@ -144,7 +144,7 @@ def bench(argv: list[str]) -> int:
 def select_blas_from(argv: list[str]) -> list[str]:
     """Benchmarks and calibrate take serve's --blas too: the BLAS is loaded before mlx, so before
     the command's own arguments are read; returns the rest of argv."""
-    from kernels.blas import select_blas
+    from runtime.blas import select_blas
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_flags(parser, only=("model", "blas"))

@@ -46,7 +46,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     prefill_step: doc(int, "prompt tokens per prefill forward of one sequence") = 2048
     blas: doc(Literal["auto", "mkl", "openblas", "reference"],
               "the BLAS under MLX's CPU matrix products: auto times MKL and OpenBLAS once per machine "
-              "and keeps the faster (kernels/blas.py)") = "auto"
+              "and keeps the faster (runtime/blas.py)") = "auto"
     rows_kernel: doc(bool, "multiply a step's few rows by each weight matrix with metrale's kernel, built at "
                            "first use for this machine (kernels/rows_matmul.py); off: MLX's matmul") = True
     fault_after_steps: doc(int | None, "TEST ONLY (bench load's injected fault): the model owner raises on its "

@@ -21,15 +21,22 @@ namespace nb = nanobind;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
+// 4 x-rows by kWeightRows weight rows of accumulators, plus their operands, fit the vector registers:
+// 32 with AVX-512, 16 with AVX2 (where 4 x 4 would spill).
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kWeightRows = 4;  // weight rows per block: 4 x K floats stay in L1 for all x rows
+constexpr int kWeightRows = 4;
+#else
+constexpr int kLanes = 8;
+constexpr int kWeightRows = 2;
+#endif
 constexpr int kMaxRows = 16;
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
 
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 
-inline float lane_sum(v16 v) {
+inline float lane_sum(vf v) {
   float s = 0.f;
   for (int i = 0; i < kLanes; ++i) s += v[i];
   return s;
@@ -38,15 +45,15 @@ inline float lane_sum(v16 v) {
 // XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR.
 template <int XR, int WR>
 inline void block(const float* x, const float* w, float* y, int N, int K, int n) {
-  v16 acc[XR][WR];
+  vf acc[XR][WR];
   for (int r = 0; r < XR; ++r)
-    for (int j = 0; j < WR; ++j) acc[r][j] = v16{};
+    for (int j = 0; j < WR; ++j) acc[r][j] = vf{};
   int k = 0;
   for (; k + kLanes <= K; k += kLanes) {
-    v16 wv[WR];
+    vf wv[WR];
     for (int j = 0; j < WR; ++j) wv[j] = load(w + (size_t)(n + j) * K + k);
     for (int r = 0; r < XR; ++r) {
-      v16 xv = load(x + (size_t)r * K + k);
+      vf xv = load(x + (size_t)r * K + k);
       for (int j = 0; j < WR; ++j) acc[r][j] += xv * wv[j];
     }
   }

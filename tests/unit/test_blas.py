@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kernels import blas
+from runtime import blas
 
 
 @pytest.fixture

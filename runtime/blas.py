@@ -26,7 +26,7 @@ _OPENBLAS = (
     "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
 )
-PROBE = Path(__file__).with_name("blas_probe.py")
+PROBE = Path(__file__).parent.parent / "kernels" / "blas_probe.py"
 VERDICT = Path(sys.prefix) / "metrale-blas.json"
 _selected: str | None = None
 

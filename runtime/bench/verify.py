@@ -1,0 +1,164 @@
+"""metrale bench verify: what a plain step and a verify of K drafts cost, against the memory-bound limit.
+
+verify(n, K) is the probe `metrale calibrate` times (kernels/calibrate.py): one target forward of
+n rows of K + 1 tokens over a cached context, trimmed back after each call. Three paths, in one run:
+MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
+picks here, and that BLAS with the few-rows kernel (kernels/rows_matmul.py), the path `metrale
+serve` runs by default. A BLAS is bound when MLX loads, so each BLAS runs in its own child process;
+the kernel is swapped in and out within one, round-robin with the stock layers. The limit is the
+model's bytes per step (its weights and the cached context) over this machine's streaming read
+bandwidth (a buffer the size of the weights summed by one thread per core).
+Last line: verify1_ratio (verify(1,1) / verify(1,0), served path) verify4_ratio (the same at width
+4) plain_vs_limit (served plain step / the limit) plain_vs_stock (served plain step / stock OpenBLAS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from runtime.bench.common import table
+
+PATHS = ("openblas stock", "chosen stock", "chosen + rows kernel")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="metrale bench verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", default="1,4")
+    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--breakdown", action="store_true", help="also time a step's op groups (width 1)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    widths = [int(w) for w in args.widths.split(",")]
+    if args.worker:
+        print(json.dumps(worker(widths, args.max_k, args.repeats, args.breakdown)))
+        return 0
+    return report(widths, args.max_k, args.repeats, args.breakdown)
+
+
+def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict:
+    """This process's BLAS: stock and kernel ms per (width, K), model bytes, the breakdown."""
+    import kernels
+    from kernels import rows_matmul, step_profile
+    from kernels.calibrate import VerifyProbe
+    from kernels.cell_timer import CellTimer
+    from kernels.default_model import ensure_default_model
+    from kernels.loader import load
+
+    loaded = load(ensure_default_model(), rows_kernel=False)
+    model, context = loaded.model, CellTimer.context_of(loaded.vocab_size)
+    paths = {"stock": lambda: rows_matmul.uninstall(model)}
+    if rows_matmul.available():
+        paths["kernel"] = lambda: rows_matmul.install(model)
+    ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
+    for width in widths:
+        probe = VerifyProbe(model, width, context, max_k)
+        for _ in range(repeats):  # round-robin: drift hits every path and depth alike
+            for path, use in paths.items():
+                use()
+                for k in range(max_k + 1):
+                    started = time.perf_counter()
+                    probe(k)
+                    ms[path].setdefault(f"{width},{k}", []).append((time.perf_counter() - started) * 1e3)
+    out = {"blas": kernels.BLAS, "kernel": rows_matmul.status(), "model_bytes": step_bytes(model, len(context)),
+           "ms": {p: {cell: sorted(v)[len(v) // 2] for cell, v in cells.items()} for p, cells in ms.items()}}
+    if breakdown and step_profile.supported(model):
+        out["breakdown"] = {}
+        for path, use in paths.items():
+            use()
+            out["breakdown"][path] = {rows: step_profile.profile(model, rows, context, repeats)
+                                      for rows in (1, 2, 4, 9)}
+    return out
+
+
+def step_bytes(model, context: int) -> int:
+    """Bytes one decode step must read: every weight it multiplies by, and the cached keys and values."""
+    from mlx.utils import tree_flatten
+
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    if getattr(model, "lm_head", None) is not None:  # untied: of the embedding only one row is read
+        weights -= model.model.embed_tokens.weight.nbytes
+    args = model.args
+    kv = getattr(args, "num_key_value_heads", args.num_attention_heads)
+    head_dim = args.hidden_size // args.num_attention_heads
+    return weights + 2 * args.num_hidden_layers * kv * head_dim * context * 4
+
+
+def bandwidth_gb_s(size: int, repeats: int = 7) -> float:
+    """Streaming read of `size` bytes, one thread per core, best of repeats."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    buffer = np.ones(size // 4, dtype=np.float32)
+    parts = np.array_split(buffer, os.cpu_count() or 1)
+    best = float("inf")
+    with ThreadPoolExecutor(len(parts)) as pool:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - started)
+    return size / best / 1e9
+
+
+def run_worker(blas: str, widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict:
+    command = [sys.executable, "-m", "runtime.cli", "bench", "verify", "--worker", "--blas", blas,
+               "--widths", ",".join(map(str, widths)), "--max-k", str(max_k), "--repeats", str(repeats)]
+    done = subprocess.run(command + (["--breakdown"] if breakdown else []), capture_output=True, text=True,
+                          timeout=1800, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
+    import kernels
+
+    chosen_name = kernels.BLAS.split(" ", 1)[0]
+    stock = run_worker("openblas", widths, max_k, repeats, False)
+    chosen = stock if chosen_name == "openblas" else run_worker(chosen_name, widths, max_k, repeats, breakdown)
+    if chosen is stock and breakdown:
+        chosen = run_worker("openblas", widths, max_k, repeats, True)
+    cells = {"openblas stock": stock["ms"]["stock"], "chosen stock": chosen["ms"]["stock"],
+             "chosen + rows kernel": chosen["ms"].get("kernel", chosen["ms"]["stock"])}
+    gb_s = bandwidth_gb_s(chosen["model_bytes"])
+    limit_ms = chosen["model_bytes"] / gb_s / 1e6
+    print(f"machine: {os.cpu_count()} cpus; stock: {stock['blas']}; chosen: {chosen['blas']}; "
+          f"rows kernel: {chosen['kernel']}")
+    print(f"bandwidth {gb_s:.1f} GB/s, {chosen['model_bytes'] / 1e6:.0f} MB per step -> limit {limit_ms:.1f} ms\n")
+    for width in widths:
+        rows = []
+        for k in range(max_k + 1):
+            row: list = [k]
+            for path in PATHS:
+                ms, plain = cells[path][f"{width},{k}"], cells[path][f"{width},0"]
+                row += [ms, ms / plain]
+            rows.append(row)
+        print(f"width {width}: verify({width},K) ms and / verify({width},0)")
+        print(table(["K"] + [h for p in PATHS for h in (p, "ratio")], rows) + "\n")
+    if "breakdown" in chosen:
+        print_breakdown(chosen["breakdown"])
+    served = cells["chosen + rows kernel"]
+    print(f"verify1_ratio={served['1,1'] / served['1,0']:.3f} "
+          f"verify4_ratio={served['4,1'] / served['4,0'] if '4,0' in served else float('nan'):.3f} "
+          f"plain_vs_limit={served['1,0'] / limit_ms:.3f} "
+          f"plain_vs_stock={served['1,0'] / cells['openblas stock']['1,0']:.3f}")
+    return 0
+
+
+def print_breakdown(breakdown: dict) -> None:
+    for path, by_rows in breakdown.items():
+        rows_seen = sorted(by_rows, key=int)
+        groups = list(by_rows[rows_seen[0]])
+        lines = []
+        for group in groups:
+            lines.append([group] + [by_rows[r][group] for r in rows_seen])
+        full = {r: by_rows[r]["full verify step"] for r in rows_seen}
+        parts = {r: sum(v for g, v in by_rows[r].items() if g != "full verify step") for r in rows_seen}
+        lines.append(["graph, dispatch, cache writes (rest)"] + [full[r] - parts[r] for r in rows_seen])
+        print(f"breakdown, {path} path: ms by rows verified (1 = plain step)")
+        print(table(["op group"] + [f"{r} rows" for r in rows_seen], lines) + "\n")
