@@ -1,0 +1,33 @@
+"""metrale bench verify end to end on the default model: a child process per BLAS, every path's
+verify cells, the breakdown, and the last line's four ratios."""
+
+import re
+
+import pytest
+
+from runtime.bench import verify
+
+
+def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, capsys):
+    assert verify.main(["--widths", "1,4", "--max-k", "2", "--repeats", "1", "--breakdown"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    last = re.fullmatch(r"verify1_ratio=(\d+\.\d+) verify4_ratio=(\d+\.\d+) plain_vs_limit=(\d+\.\d+) "
+                        r"plain_vs_stock=(\d+\.\d+)", out[-1])
+    assert last and all(float(x) > 0 for x in last.groups())
+    assert any(line.startswith("machine:") and "stock: openblas" in line for line in out)
+    assert any(re.match(r"bandwidth \d+\.\d GB/s, \d+ MB per step -> limit \d+\.\d ms", line) for line in out)
+    for width in (1, 4):
+        at = out.index(f"width {width}: verify({width},K) ms and / verify({width},0)")
+        assert [line.split()[0] for line in out[at + 2:at + 5]] == ["0", "1", "2"]
+        assert all(len(line.split()) == 7 for line in out[at + 2:at + 5])
+    assert any(line.startswith("breakdown,") for line in out)
+    assert any(line.strip().startswith("lm head") for line in out)
+
+
+def test_step_bytes_count_the_weights_and_the_cached_context(model_dir):
+    from kernels.loader import load
+
+    model = load(model_dir, rows_kernel=False).model
+    small, large = verify.step_bytes(model, 0), verify.step_bytes(model, 1000)
+    assert 500e6 < small < 600e6  # the default model's float32 weights, the tied head once
+    assert large - small == pytest.approx(2 * 30 * 3 * 64 * 1000 * 4)
