@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <functional>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -83,8 +83,9 @@ void span(const float* x, const float* w, float* y, int M, int N, int K, int n0,
   for (; n < n1; ++n) rows_block<1>(x, w, y, M, N, K, n);
 }
 
-// A fixed set of workers that split one product's weight rows; they spin briefly between products
-// (a step runs ~200 of them back to back) and sleep when the model is idle.
+// Helper threads that share one product's weight rows in chunks claimed one at a time, so a helper the
+// OS has not scheduled costs nothing: the calling thread claims whatever is left. Helpers spin briefly
+// between products (a step runs ~200 back to back) and sleep when the model is idle.
 class Workers {
  public:
   static Workers& get() {
@@ -93,62 +94,77 @@ class Workers {
     return *pool;
   }
 
-  void run(const std::function<void(int, int)>& part) {
-    std::unique_lock<std::mutex> hold(run_mutex_);  // one product at a time
-    job_ = &part;
-    pending_.store(count_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    { std::lock_guard<std::mutex> g(sleep_mutex_); }
-    wake_.notify_all();
-    part(0, count_);
-    while (pending_.load(std::memory_order_acquire) > 0) {
+  int count() const { return count_; }
+
+  void run(const float* x, const float* w, float* y, int M, int N, int K) {
+    std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
+    x_ = x, w_ = w, y_ = y, M_ = M, N_ = N, K_ = K;
+    chunk_rows_ = std::max(kWeightRows, (32768 / std::max(K, 1)) / kWeightRows * kWeightRows);
+    chunks_ = (N + chunk_rows_ - 1) / chunk_rows_;
+    done_.store(0, std::memory_order_relaxed);
+    uint32_t g = generation_.load(std::memory_order_relaxed) + 1;
+    claim_.store((uint64_t)g << 32, std::memory_order_relaxed);
+    generation_.store(g);  // seq_cst: a helper going to sleep sees it, or is seen asleep below
+    if (sleepers_.load() > 0) {
+      std::lock_guard<std::mutex> g_(sleep_mutex_);
+      wake_.notify_all();
+    }
+    work(g);
+    while (done_.load(std::memory_order_acquire) < chunks_) {
     }
   }
 
-  int count() const { return count_; }
-
  private:
   explicit Workers(unsigned n) : count_(n) {
-    for (unsigned i = 1; i < n; ++i) threads_.emplace_back([this, i] { loop(i); });
-    for (auto& t : threads_) t.detach();
+    for (unsigned i = 1; i < n; ++i) std::thread([this] { loop(); }).detach();
   }
 
-  void loop(int index) {
-    unsigned long seen = 0;
+  // Claim chunks of generation g until none are left; a claim of a finished generation fails.
+  void work(uint32_t g) {
     for (;;) {
-      unsigned long now = generation_.load(std::memory_order_acquire);
-      for (int spin = 0; now == seen && spin < 20000; ++spin) now = generation_.load(std::memory_order_acquire);
-      if (now == seen) {
-        std::unique_lock<std::mutex> g(sleep_mutex_);
-        wake_.wait(g, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-        now = generation_.load(std::memory_order_acquire);
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      if ((uint32_t)(c >> 32) != g || (int)(uint32_t)c >= chunks_) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+      // The claimed chunk is unfinished, so run() has not moved on: the job's fields are g's.
+      int n0 = (int)(uint32_t)c * chunk_rows_, n1 = std::min(N_, n0 + chunk_rows_);
+      span(x_, w_, y_, M_, N_, K_, n0, n1);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void loop() {
+    uint32_t seen = 0;
+    for (;;) {
+      uint32_t g = generation_.load(std::memory_order_acquire);
+      for (int spin = 0; g == seen && spin < 20000; ++spin) g = generation_.load(std::memory_order_acquire);
+      if (g == seen) {
+        std::unique_lock<std::mutex> hold(sleep_mutex_);
+        sleepers_.fetch_add(1);
+        wake_.wait(hold, [&] { return generation_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        g = generation_.load();
       }
-      seen = now;
-      (*job_)(index, count_);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = g;
+      work(g);
     }
   }
 
   const int count_;
-  std::vector<std::thread> threads_;
   std::mutex run_mutex_, sleep_mutex_;
   std::condition_variable wake_;
-  std::atomic<unsigned long> generation_{0};
-  std::atomic<int> pending_{0};
-  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint64_t> claim_{0};  // generation << 32 | next chunk
+  std::atomic<int> done_{0}, sleepers_{0};
+  const float* x_ = nullptr;
+  const float* w_ = nullptr;
+  float* y_ = nullptr;
+  int M_ = 0, N_ = 0, K_ = 0, chunk_rows_ = 1, chunks_ = 0;
 };
 
 void rows_times_weights(const float* x, const float* w, float* y, int M, int N, int K) {
   Workers& pool = Workers::get();
-  int blocks = (N + kWeightRows - 1) / kWeightRows;
-  int threads = std::min(pool.count(), std::max(1, (int)(((size_t)N * K) >> 16)));  // small ones alone
-  if (threads <= 1) return span(x, w, y, M, N, K, 0, N);
-  pool.run([&](int index, int count) {
-    if (index >= threads) return;
-    int per = (blocks + threads - 1) / threads;
-    int n0 = std::min(N, index * per * kWeightRows), n1 = std::min(N, (index + 1) * per * kWeightRows);
-    if (n0 < n1) span(x, w, y, M, N, K, n0, n1);
-  });
+  if (pool.count() <= 1 || (size_t)N * K < (1u << 16)) return span(x, w, y, M, N, K, 0, N);  // small: alone
+  pool.run(x, w, y, M, N, K);
 }
 
 class RowsMatmul : public mx::Primitive {
