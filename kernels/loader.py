@@ -16,7 +16,7 @@ from mlx_lm.utils import load_model
 class LoadedModel:
     def __init__(self, model: nn.Module, path: Path, config: dict, matmul: str = "stock"):
         self.model, self.path, self.config = model, path, config
-        self.matmul = matmul  # what runs the decode steps' products: "rows kernel", or "stock ..."
+        self.matmul = matmul  # the decode steps' products: "rows kernel on for 4-12 rows", or "stock ..."
 
     @property
     def context_length(self) -> int:
@@ -68,7 +68,8 @@ def use_rows_kernel(model: nn.Module, wanted: bool) -> str:
         return "stock"
     from kernels import rows_matmul
 
-    return "rows kernel" if rows_matmul.install(model) else f"stock (rows kernel {rows_matmul.status()})"
+    swapped = rows_matmul.install(model) > 0 and rows_matmul.taken_rows()
+    return f"rows kernel {rows_matmul.status()}" if swapped else f"stock (rows kernel {rows_matmul.status()})"
 
 
 def output_head(model):

@@ -14,8 +14,10 @@ import fcntl
 import hashlib
 import importlib.util
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +29,8 @@ SOURCE = Path(__file__).with_name("rows_matmul")
 BUILD_ROOT = Path(sys.prefix) / "metrale-build"
 _module = None
 _failure: str | None = None
+_rows: frozenset[int] = frozenset()  # row counts the kernel takes: choose_rows, at the first install
+_rows_chosen = False
 
 
 def available() -> bool:
@@ -34,8 +38,20 @@ def available() -> bool:
 
 
 def status() -> str:
-    """What /health and benchmarks report: "on", or why not."""
-    return "on" if available() else f"off ({_failure})"
+    """What /health and benchmarks report: the row counts it takes, or why it is off."""
+    if not available():
+        return f"off ({_failure})"
+    return f"on for {_spans(_rows)} rows" if _rows else "built; won at no row count here"
+
+
+def _spans(rows: frozenset[int]) -> str:
+    ordered, spans = sorted(rows), []
+    for r in ordered:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def load():
@@ -98,7 +114,7 @@ def _cmake(source: Path, out: Path) -> None:
     for command in (configure, [cmake, "--build", str(work), "-j"]):
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command[:2])} failed: {(done.stderr or done.stdout)[-2000:]}")
+            raise RuntimeError(f"{Path(command[0]).name} {command[1]} failed: {(done.stderr or done.stdout)[-2000:]}")
 
 
 def _check(module) -> None:
@@ -109,12 +125,40 @@ def _check(module) -> None:
 
 
 def product(x: mx.array, w: mx.array) -> mx.array:
-    """x [..., K] @ w[N, K].T by the kernel where it applies, else by MLX."""
+    """x [..., K] @ w[N, K].T by the kernel at the row counts where it won here, else by MLX."""
     module = _module
-    if (module is not None and x.dtype == mx.float32 and w.dtype == mx.float32
-            and x.size // x.shape[-1] <= module.MAX_ROWS):
+    if module is not None and x.dtype == mx.float32 and w.dtype == mx.float32 and x.size // x.shape[-1] in _rows:
         return module.rows_matmul(x, w)
     return x @ w.T
+
+
+def taken_rows() -> frozenset[int]:
+    return _rows
+
+
+def choose_rows(weights: list[mx.array], repeats: int = 3) -> frozenset[int]:
+    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: each
+    count timed now, the two paths paired call by call, the median of their ratios deciding. (A BLAS
+    may have a matrix-vector path that wins for 1-3 rows and pack the weights from 4.)"""
+    module = load()
+    if module is None:
+        return frozenset()
+    won = set()
+    for rows in range(1, module.MAX_ROWS + 1):
+        xs = {w.shape[1]: mx.random.normal((rows, w.shape[1])) for w in weights}
+        mx.eval(list(xs.values()))
+        stock = lambda: mx.eval([xs[w.shape[1]] @ w.T for w in weights])  # noqa: E731
+        mine = lambda: mx.eval([module.rows_matmul(xs[w.shape[1]], w) for w in weights])  # noqa: E731
+        ratios = [_ms(mine) / _ms(stock) for _ in range(repeats)]
+        if statistics.median(ratios) < 1.0:
+            won.add(rows)
+    return frozenset(won)
+
+
+def _ms(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 class RowsLinear(nn.Module):
@@ -142,9 +186,19 @@ class RowsEmbedding(nn.Embedding):
 def install(model: nn.Module) -> int:
     """Swap the model's float32 bias-free linear layers (and a tied LM head) for kernel ones;
     returns how many were swapped (0 when the kernel is unavailable)."""
+    global _rows, _rows_chosen
     if load() is None:
         return 0
+    if not _rows_chosen:  # measured once per process, on the first model's largest products
+        _rows, _rows_chosen = choose_rows(_largest_weights(model)), True
     return _swap(model, _to_kernel)
+
+
+def _largest_weights(model: nn.Module, count: int = 2) -> list[mx.array]:
+    from mlx.utils import tree_flatten
+
+    found = [v for _, v in tree_flatten(model.parameters()) if v.ndim == 2 and v.dtype == mx.float32]
+    return sorted(found, key=lambda v: v.size, reverse=True)[:count]
 
 
 def uninstall(model: nn.Module) -> None:

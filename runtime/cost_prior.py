@@ -48,7 +48,7 @@ def load_prior(model: str, drafter: str, cache: str | None, machine: str, log,
 def same_blas(a: str, b: str) -> bool:
     """Same library ("mkl (path; why) | rows kernel" vs "mkl") and the same kernel for few rows:
     either changed prices steps differently."""
-    return a.split(" ", 1)[0] == b.split(" ", 1)[0] and ("rows kernel" in a) == ("rows kernel" in b)
+    return a.split(" ", 1)[0] == b.split(" ", 1)[0] and ("| rows kernel" in a) == ("| rows kernel" in b)
 
 
 def save_learned(costs: OnlineCostModel, path: Path, *, machine: str, blas: str, energy_source: str, log) -> None:

@@ -189,7 +189,7 @@ class ModelInfo(_Msg, frozen=True):
     dtype: str  # "float32", or e.g. "4-bit (group 64), float32 activations"
     quantization: Quantization | None = None
     drafter: str = "none"  # the drafter actually in use ("auto" resolved)
-    matmul: str = "stock"  # a step's few-row products: "rows kernel", or "stock ..." (kernels/rows_matmul.py)
+    matmul: str = "stock"  # few-row products: "rows kernel on for 4-12 rows", or "stock ..." (kernels/rows_matmul.py)
 
     @property
     def compute(self) -> str:

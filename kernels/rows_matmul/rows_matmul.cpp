@@ -36,10 +36,13 @@ typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 
+// Pairwise (log depth, not a 16-add chain per output); the same order for every row count.
 inline float lane_sum(vf v) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
+  float t[kLanes];
+  __builtin_memcpy(t, &v, sizeof v);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) t[i] += t[i + width];
+  return t[0];
 }
 
 // XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR.

@@ -95,8 +95,10 @@ def test_the_learned_table_is_saved_and_is_the_next_starts_prior(tmp_path, monke
     assert source == "cache" and table.verify == saved.verify
     assert load_prior("m", "mtp", str(tmp_path), "another cpu", log)[1] == "foreign-cache"
     # Learned under OpenBLAS, served under MKL: a prior to correct, not this server's own table.
-    assert load_prior("m", "mtp", str(tmp_path), "this cpu", log, blas="mkl (/lib/x.so)")[1] == "foreign-cache"
-    assert load_prior("m", "mtp", str(tmp_path), "this cpu", log, blas="openblas (/lib/y.so)")[1] == "cache"
+    assert load_prior("m", "mtp", str(tmp_path), "this cpu", log, blas="mkl (/lib/x.so) | stock")[1] == "foreign-cache"
+    assert load_prior("m", "mtp", str(tmp_path), "this cpu", log, blas="openblas (/lib/y.so) | stock")[1] == "cache"
+    assert load_prior("m", "mtp", str(tmp_path), "this cpu", log,
+                      blas="openblas | rows kernel on for 4-8 rows")[1] == "foreign-cache"
 
 
 def test_plain_steps_of_requests_that_never_draft_buy_no_exploration():

@@ -14,6 +14,11 @@ from kernels import rows_matmul
 pytestmark = pytest.mark.skipif(not rows_matmul.available(), reason=f"rows kernel {rows_matmul.status()}")
 
 
+def kernel(x, w):
+    """The kernel itself (product() routes to it only at the row counts where it won here)."""
+    return rows_matmul.load().rows_matmul(x, w)
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 16), k=st.integers(1, 200), n=st.integers(1, 300), seed=st.integers(0, 2**16),
        lead=st.sampled_from([(), (1,), (2,)]))
@@ -22,7 +27,7 @@ def test_equals_stock_matmul_on_random_shapes(rows, k, n, seed, lead):
     lead = lead if not lead or rows % lead[0] == 0 else ()
     x = mx.random.normal((*lead, rows // (lead[0] if lead else 1), k))
     w = mx.random.normal((n, k))
-    got = rows_matmul.product(x, w)
+    got = kernel(x, w)
     assert got.shape == (*x.shape[:-1], n)
     assert mx.allclose(got, x @ w.T, rtol=1e-4, atol=1e-4 * k ** 0.5).item()
 
@@ -33,21 +38,48 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(rows, k, seed):
     # Batch invariance: a verify row's logits are bit for bit the plain step's.
     mx.random.seed(seed)
     x, w = mx.random.normal((rows, k)), mx.random.normal((97, k))
-    alone = mx.concatenate([rows_matmul.product(x[i:i + 1], w) for i in range(rows)])
-    assert mx.array_equal(rows_matmul.product(x, w), alone).item()
+    alone = mx.concatenate([kernel(x[i:i + 1], w) for i in range(rows)])
+    assert mx.array_equal(kernel(x, w), alone).item()
 
 
 def test_transposed_and_sliced_inputs_are_read_right():
     x, w = mx.random.normal((8, 6)).T, mx.random.normal((10, 8))
-    assert mx.allclose(rows_matmul.product(x, w), x @ w.T, atol=1e-5).item()
+    assert mx.allclose(kernel(x, w), x @ w.T, atol=1e-5).item()
     x = mx.random.normal((3, 20))[:, 2:14]
     w = mx.random.normal((12, 30))[:, ::2][:, 3:15]
-    assert mx.allclose(rows_matmul.product(x, w), x @ w.T, atol=1e-5).item()
+    assert mx.allclose(kernel(x, w), x @ w.T, atol=1e-5).item()
 
 
-def test_more_rows_than_the_kernel_takes_go_to_stock_matmul():
+def test_more_rows_than_the_kernel_takes_go_to_stock_matmul_and_the_kernel_refuses_them():
     x, w = mx.random.normal((40, 32)), mx.random.normal((16, 32))
     assert mx.allclose(rows_matmul.product(x, w), x @ w.T).item()
+    with pytest.raises(ValueError, match="too many rows"):
+        kernel(x, w)
+
+
+def test_product_routes_the_row_counts_the_kernel_won_and_no_others(monkeypatch):
+    calls = []
+    module = rows_matmul.load()
+
+    class Counting:
+        MAX_ROWS = module.MAX_ROWS
+
+        def rows_matmul(self, x, w):
+            calls.append(x.shape[0])
+            return module.rows_matmul(x, w)
+
+    monkeypatch.setattr(rows_matmul, "_module", Counting())
+    monkeypatch.setattr(rows_matmul, "_rows", frozenset({4, 5}))
+    w = mx.random.normal((8, 16))
+    for rows in (1, 4, 5, 6):
+        rows_matmul.product(mx.random.normal((rows, 16)), w)
+    assert calls == [4, 5]
+    assert rows_matmul._spans(frozenset({1, 2, 3, 7, 9, 10})) == "1-3, 7, 9-10"
+
+
+def test_choose_rows_keeps_only_counts_where_the_kernel_was_faster():
+    rows = rows_matmul.choose_rows([mx.random.normal((4096, 256))], repeats=3)
+    assert rows <= frozenset(range(1, rows_matmul.load().MAX_ROWS + 1))
 
 
 def test_install_swaps_linear_layers_and_a_tied_head_and_uninstall_restores_them():
@@ -81,9 +113,15 @@ def test_the_default_models_weights_give_the_stock_logits():
     if not (default_model_dir() / "config.json").exists():
         pytest.skip("default model not fetched")
     loaded = load(default_model_dir())
-    assert loaded.matmul == "rows kernel"
+    assert loaded.matmul.startswith(("rows kernel on for", "stock (rows kernel built; won at no row count"))
     ids = mx.array([[1, 504, 3458, 314, 2]])
-    mine = loaded.model(ids)
+    rows_matmul.install(loaded.model)
+    saved = rows_matmul._rows
+    rows_matmul._rows = frozenset(range(1, 17))  # every product of these 5 rows by the kernel
+    try:
+        mine = loaded.model(ids)
+    finally:
+        rows_matmul._rows = saved
     rows_matmul.uninstall(loaded.model)
     stock = loaded.model(ids)
     assert mx.allclose(mine, stock, rtol=1e-4, atol=2e-4).item()
@@ -105,3 +143,4 @@ def test_a_build_failure_is_a_warning_and_stock_ops(tmp_path, monkeypatch):
     assert rows_matmul.install(model) == 0
     x = mx.ones((2, 8))
     assert mx.allclose(rows_matmul.product(x, model.weight), x @ model.weight.T).item()
+    assert rows_matmul.status().startswith("off")
