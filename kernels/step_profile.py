@@ -17,6 +17,7 @@ from typing import Callable
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from kernels.calibrate import VerifyProbe
 from kernels.loader import output_head
@@ -52,6 +53,17 @@ def profile(model, rows: int, context: tuple[int, ...], repeats: int) -> dict[st
     found["acceptance maths"] = _median_ms(lambda: _acceptance(logits), repeats)
     found["full verify step"] = _median_ms(lambda: probe(rows - 1), repeats)
     return found
+
+
+def step_bytes(model, context: int) -> int:
+    """Bytes one decode step must read: every weight it multiplies by, and the cached keys and values."""
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    if getattr(model, "lm_head", None) is not None:  # untied: of the embedding only one row is read
+        weights -= model.model.embed_tokens.weight.nbytes
+    args = model.args
+    kv = getattr(args, "num_key_value_heads", args.num_attention_heads)
+    head_dim = args.hidden_size // args.num_attention_heads
+    return weights + 2 * args.num_hidden_layers * kv * head_dim * context * 4
 
 
 def supported(model) -> bool:

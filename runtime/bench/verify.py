@@ -66,7 +66,8 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
                     started = time.perf_counter()
                     probe(k)
                     ms[path].setdefault(f"{width},{k}", []).append((time.perf_counter() - started) * 1e3)
-    out = {"blas": kernels.BLAS, "kernel": rows_matmul.status(), "model_bytes": step_bytes(model, len(context)),
+    out = {"blas": kernels.BLAS, "kernel": rows_matmul.status(),
+           "model_bytes": step_profile.step_bytes(model, len(context)),
            "ms": {p: {cell: sorted(v)[len(v) // 2] for cell, v in cells.items()} for p, cells in ms.items()}}
     if breakdown and step_profile.supported(model):
         out["breakdown"] = {}
@@ -75,19 +76,6 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
             out["breakdown"][path] = {rows: step_profile.profile(model, rows, context, repeats)
                                       for rows in (1, 2, 4, 9)}
     return out
-
-
-def step_bytes(model, context: int) -> int:
-    """Bytes one decode step must read: every weight it multiplies by, and the cached keys and values."""
-    from mlx.utils import tree_flatten
-
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    if getattr(model, "lm_head", None) is not None:  # untied: of the embedding only one row is read
-        weights -= model.model.embed_tokens.weight.nbytes
-    args = model.args
-    kv = getattr(args, "num_key_value_heads", args.num_attention_heads)
-    head_dim = args.hidden_size // args.num_attention_heads
-    return weights + 2 * args.num_hidden_layers * kv * head_dim * context * 4
 
 
 def bandwidth_gb_s(size: int, repeats: int = 7) -> float:
