@@ -16,6 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def cache_scope(cache_prompt: bool, salt: str | None, drafts: bool) -> str | None:
+    """Which entries a request may share: those of its salt, kept by requests that draft as it does
+    (one that never drafts keeps no drafter state); None when it opts out."""
+    if not cache_prompt:
+        return None
+    return ("salt:" + salt if salt is not None else "") + ("|drafts" if drafts else "|plain")
+
+
 @dataclass
 class Entry:
     scope: str

@@ -73,6 +73,7 @@ async def health(request: web.Request) -> web.Response:
         "mode": system.config.scheduler.mode,
         "uptime_s": round(time.monotonic() - system.started_at, 3),
         "scheduler": await system.describe_scheduler(),
+        "prompt_cache": await system.describe_prompt_cache(),
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",
