@@ -164,3 +164,31 @@ def test_an_mtp_batch_row_is_kept_from_the_batch_cache():
     while len(out) < N:
         out += _batch_step(engine, ["a", "c"], "mtp")["c"]
     assert out[:N] == want
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_sequence_released_with_a_lookahead_step_in_flight_is_kept_exactly(batched):
+    """Plain steps with lookahead leave the next step computing at release: what is kept is the
+    committed run only, and a hit on it decodes as fresh."""
+    model = tiny_llama(seed=7)
+    engine = engine_of("mtp", model, batched=batched)
+    prompt = FIRST[:12]
+    if batched:
+        out = [engine.prefill_chunk([("a", prompt, 0.0, 1.0, None, True, "")], None)[0]["a"]]
+    else:
+        out = [engine.prefill("a", prompt, 0.0, 1.0, None, True, scope="")]
+    while len(out) < 6:
+        out += engine.decode(["a"], [True])  # the next plain step starts at once
+    engine.release("a", tuple(prompt) + tuple(out))
+    follow = prompt + out + [4, 4]
+    want = generate(engine_of("mtp", model, cache=False), "x", follow, "mtp")[0]
+    if batched:
+        firsts, _ = engine.prefill_chunk([("b", follow, 0.0, 1.0, None, True, "")], None)
+        got, cached = [firsts["b"]], engine.seqs["b"].cached
+        while len(got) < N:
+            got += _batch_step(engine, ["b"], "mtp")["b"]
+    else:
+        got, _, cached = generate(engine, "b", follow, "mtp")
+    # serial drops the step in flight; the batch's had fed the last output already (both exact)
+    assert cached == len(prompt) + len(out) - (0 if batched else 1)
+    assert got[:N] == want
