@@ -144,7 +144,7 @@ class MtpDrafter:
             d["cache"] = restored_cache(snap.head, kept)
         if m - 1 > kept:
             self._add(d, snap.hidden[kept:m - 1], mx.array(tokens[kept + 1:m], dtype=mx.uint32))
-        d["log"] = [snap.hidden[:m - 1]] if self.keep_log else []
+        d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
         d["unpaired"], d["undo"] = snap.hidden[m - 1], None
 
     def _add(self, d: dict, hidden: mx.array, tokens: mx.array) -> None:
@@ -155,7 +155,19 @@ class MtpDrafter:
         d["pending"] += tokens.shape[0]
 
     @staticmethod
-    def _take_pairs(d: dict) -> tuple[mx.array, mx.array]:
+    def _pack_log(d: dict) -> None:
+        """Copy the newest logged rows into one block: they are views into step-wide buffers (a batch
+        step's hidden rows of every sequence), which would otherwise stay alive with them."""
+        packed = d.get("packed", 0)
+        if len(d["log"]) - packed >= 32:
+            block = mx.concatenate(d["log"][packed:])
+            mx.async_eval(block)
+            d["log"][packed:] = [block]
+            d["packed"] = packed + 1
+
+    def _take_pairs(self, d: dict) -> tuple[mx.array, mx.array]:
+        if self.keep_log:  # no feed is undoable here, so the log's layout may change
+            self._pack_log(d)
         h, t = mx.concatenate(d["hidden"]), mx.concatenate(d["tokens"])
         d["hidden"], d["tokens"], d["pending"] = [], [], 0
         return h, t

@@ -192,3 +192,16 @@ def test_a_sequence_released_with_a_lookahead_step_in_flight_is_kept_exactly(bat
     # serial drops the step in flight; the batch's had fed the last output already (both exact)
     assert cached == len(prompt) + len(out) - (0 if batched else 1)
     assert got[:N] == want
+
+
+def test_a_long_run_with_its_log_packed_into_blocks_restores_exactly():
+    """Past 32 logged chunks the MTP drafter copies them into blocks: a cut inside them still gives
+    the drafts and tokens of a fresh engine."""
+    model = tiny_llama(seed=8)
+    engine = engine_of("mtp", model)
+    out = generate(engine, "a", FIRST, "mtp", n=90)[0]
+    assert engine.drafter.keep_log
+    prompt = FIRST + out[:57] + [1, 2]
+    got, got_drafts, reused = generate(engine, "b", prompt, "mtp")
+    want, want_drafts, _ = generate(engine_of("mtp", model, cache=False), "b", prompt, "mtp")
+    assert (got, got_drafts, reused) == (want, want_drafts, len(FIRST) + 57)
