@@ -205,3 +205,31 @@ def test_a_long_run_with_its_log_packed_into_blocks_restores_exactly():
     got, got_drafts, reused = generate(engine, "b", prompt, "mtp")
     want, want_drafts, _ = generate(engine_of("mtp", model, cache=False), "b", prompt, "mtp")
     assert (got, got_drafts, reused) == (want, want_drafts, len(FIRST) + 57)
+
+
+@pytest.mark.parametrize("layout", ["mask", "rows"])
+def test_a_run_of_draft_tree_steps_hyper_mode_is_kept_exactly(layout):
+    """Hyper mode's tree steps (alternatives off the spine accepted) leave a state the cache keeps:
+    a later hit decodes, and its head drafts its first tree spine, as a fresh engine does."""
+    from tests.unit.test_speculative_engine import plain
+    from tests.unit.test_tree_verify import oracle_tree
+
+    model = tiny_llama(seed=9)
+    engine = engine_of("mtp", model)
+    prompt = FIRST[:15]
+    truth = plain(model, prompt, N + 8)
+    out, step = [engine.prefill("t", prompt, 0.0, 1.0, None, False, scope="")], 0
+    while len(out) < N:
+        step += 1
+        spine = engine.propose_tree("t", 3, top=2)[0]
+        out += engine.verify_tree("t", oracle_tree(spine, truth[len(out):len(out) + 3], step), layout).emitted
+    engine.release("t", tuple(prompt) + tuple(out))
+    follow = prompt + out[:N] + [8, 9]
+    fresh = engine_of("mtp", model, cache=False)
+    spines = []
+    for e in (engine, fresh):
+        e.prefill("u", follow, 0.0, 1.0, None, False, scope="")
+        spines.append(e.propose_tree("u", 3, top=2)[0])
+    assert engine.seqs["u"].cached >= len(prompt) + N - 1
+    assert spines[0] == spines[1]
+    assert generate(engine, "v", follow, "mtp")[0] == generate(fresh, "v", follow, "mtp")[0]
