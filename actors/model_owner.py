@@ -2,8 +2,9 @@
 
 Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, VerifyBatch, TimeCell (asks:
 replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed), CanBranch,
-ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified) and Release,
-Rollback, StartAhead (tells).
+ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified), Describe (ask:
+the prompt cache's account, for /health) and Release, Rollback, StartAhead (tells).
+Sends the prompt cache's Samples to telemetry (once wired) after each prefill and release.
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -17,8 +18,9 @@ from typing import Any, assert_never
 
 from runtime.actor import Actor
 from runtime.config import SpecConfig
+from runtime.prompt_cache import cache_scope
 from runtime.messages import (
-    Branching, CanBranch, Decode, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
+    Branching, CanBranch, Decode, Describe, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
     PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
     TimeCell,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
@@ -29,7 +31,7 @@ class ModelOwner(Actor):
     name = "model_owner"
 
     def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
-                 batched: bool = False, rows_kernel: bool = True):
+                 batched: bool = False, rows_kernel: bool = True, prompt_cache: tuple[int, int] = (0, 0)):
         super().__init__()  # its inbox bound: Config.actors
         self.model_path = model_path
         self.prefill_step = prefill_step
@@ -40,6 +42,9 @@ class ModelOwner(Actor):
         self.engine = None
         self.info: ModelInfo | None = None
         self.timer = None  # the self-calibration's probes, built on its first TimeCell
+        self.prompt_cache = prompt_cache  # (entries, bytes) at most; either 0: none
+        self.telemetry: Actor | None = None  # where the prompt cache's samples go (System wires it)
+        self.reported: dict = {}  # the prompt cache's counters as last sent
 
     async def on_thread(self, fn, *args) -> Any:
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
@@ -71,7 +76,10 @@ class ModelOwner(Actor):
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head, self.rows_kernel)
-        self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched)
+        from kernels.prompt_store import PromptStore
+
+        store = PromptStore(*self.prompt_cache) if min(self.prompt_cache) > 0 else None
+        self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched, prompt_cache=store)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,
@@ -83,15 +91,19 @@ class ModelOwner(Actor):
         self._thread.shutdown(wait=True, cancel_futures=True)
 
     async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
-                     | VerifyBatch | Rollback | StartAhead | TimeCell | CanBranch | ProposeTree | VerifyTree) -> Any:
+                     | VerifyBatch | Rollback | StartAhead | TimeCell | CanBranch | ProposeTree | VerifyTree
+                     | Describe) -> Any:
         match msg:
             case Prefill():
                 reply = await self.on_thread(self._prefill, msg)
                 if msg.lookahead and not self.batched:
                     self.follow_up(self.engine.start_ahead, (msg.seq_id,))
+                await self.report_cache()
                 return reply
             case PrefillChunk():
-                return await self.on_thread(self._prefill_chunk, msg)
+                reply = await self.on_thread(self._prefill_chunk, msg)
+                await self.report_cache()
+                return reply
             case Decode():
                 reply = await self.on_thread(self._decode, msg)
                 if ahead := tuple(s for s, a in zip(msg.seq_ids, msg.lookahead) if a):
@@ -111,7 +123,10 @@ class ModelOwner(Actor):
             case StartAhead():
                 return self.follow_up(self.engine.start_ahead, msg.seq_ids)
             case Release():
-                return await self.on_thread(self.engine.release, msg.seq_id)
+                await self.on_thread(self.engine.release, msg.seq_id, msg.tokens)
+                return await self.report_cache()
+            case Describe():
+                return self.describe_cache()
             case TimeCell():
                 return await self.on_thread(self._time_cell, msg)
             case CanBranch():
@@ -127,17 +142,38 @@ class ModelOwner(Actor):
         started = time.perf_counter()
         p = msg.params
         token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, False,
-                                    drafts=not p.disable_mtp)  # its lookahead follows the reply
-        return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started)
+                                    drafts=not p.disable_mtp, scope=_scope(p))  # its lookahead follows the reply
+        return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started,
+                         cached_tokens=self.engine.seqs[msg.seq_id].cached)
 
     def _prefill_chunk(self, msg: PrefillChunk) -> PrefillProgress:
         started = time.perf_counter()
         items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed,
-                  not m.params.disable_mtp) for m in msg.items]
+                  not m.params.disable_mtp, _scope(m.params)) for m in msg.items]
         firsts, spent = self.engine.prefill_chunk(items, msg.budget or None)
         seconds = time.perf_counter() - started
-        prefilled = tuple(Prefilled(seq_id=s, token=t, seconds=seconds) for s, t in (firsts or {}).items())
+        prefilled = tuple(Prefilled(seq_id=s, token=t, seconds=seconds, cached_tokens=self.engine.seqs[s].cached)
+                          for s, t in (firsts or {}).items())
         return PrefillProgress(prefilled=prefilled, tokens=spent, seconds=seconds)
+
+    def describe_cache(self) -> dict:
+        """The prompt cache's account (its counters are plain ints: read off the owner thread)."""
+        store = self.engine.prompt_cache if self.engine is not None else None
+        return store.snapshot() if store is not None else {"enabled": False}
+
+    async def report_cache(self) -> None:
+        """Send telemetry what changed in the prompt cache since the last report."""
+        account = self.describe_cache()
+        if self.telemetry is None or not account["enabled"]:
+            return
+        for name in ("queries", "hits", "hit_tokens", "query_tokens", "evictions"):
+            delta = account[name] - self.reported.get(name, 0)
+            if delta or name not in self.reported:  # a first 0 shows the series from the start
+                await self.telemetry.tell(Sample(name=f"prompt_cache_{name}", value=delta))
+        for name in ("entries", "bytes"):
+            if account[name] != self.reported.get(name):
+                await self.telemetry.tell(Sample(name=f"prompt_cache_{name}", value=account[name], kind="gauge"))
+        self.reported = account
 
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()
@@ -201,3 +237,7 @@ class ModelOwner(Actor):
         result = self.engine.verify_tree(msg.seq_id, DraftTree(msg.tokens, msg.parents, msg.leaves), msg.layout)
         return TreeVerified(accepted=result.accepted, emitted=tuple(result.emitted), branch=result.branch,
                             branch_accepted=tuple(result.branch_accepted), seconds=time.perf_counter() - started)
+
+
+def _scope(params) -> str | None:
+    return cache_scope(params.cache_prompt, params.cache_salt, not params.disable_mtp)

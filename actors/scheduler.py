@@ -165,10 +165,11 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.prefill_seconds += progress.seconds
         if not progress.prefilled:
             return
-        self.prefilling = []
         replies = {p.seq_id: p for p in progress.prefilled}
+        # Prompt-cache hits come back at once; the rest of the group goes on at the next step
+        self.prefilling = [seq for seq in group if seq.request_id not in replies]
         for seq in group:
-            if seq.status is Status.PREFILLING:  # not cancelled while its group prefilled
+            if seq.request_id in replies and seq.status is Status.PREFILLING:  # not cancelled meanwhile
                 await self.prefilled(seq, replies[seq.request_id], self.prefill_seconds, together=len(group))
 
     def _start(self, seq: Sequence) -> None:
@@ -177,7 +178,9 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
 
     async def prefilled(self, seq: Sequence, reply: Prefilled, seconds: float, together: int) -> None:
         seq.move(Status.DECODING)
+        seq.cached_tokens = reply.cached_tokens
         self.log.info("prefilled", request_id=seq.request_id, prompt_tokens=len(seq.prompt_ids),
+                      cached_tokens=reply.cached_tokens,
                       seconds=round(seconds, 4), together=together,
                       queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
         await self.telemetry.tell(Sample(name="prefill_seconds", value=seconds, kind="observe"))
@@ -280,7 +283,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         if seq in self.waiting:
             self.waiting.remove(seq)
         if self.active.pop(seq.request_id, None) is not None and not self.owner.closing:
-            await self.owner.tell(Release(seq_id=seq.request_id))
+            await self.owner.tell(Release(seq_id=seq.request_id, tokens=seq.kept_tokens()))
 
     async def teardown(self) -> None:
         for seq in [*self.waiting, *self.active.values()]:

@@ -18,7 +18,7 @@ from kernels.sampling import probs_from_logits, sample
 class PrefillGroup:
     """Sequences prefilling together: their left-padded prompts, batch cache and progress."""
 
-    def __init__(self, engine, items: list[tuple[str, list[int], float, float, int | None, bool]]):
+    def __init__(self, engine, items: list[tuple[str, list[int], float, float, int | None, bool, str | None]]):
         from kernels.engine import SeqState, _fresh_seed
 
         lengths = [len(ids) for _, ids, *_ in items]
@@ -29,9 +29,10 @@ class PrefillGroup:
                                dtype=mx.uint32)
         self.cache = [BatchKVCache(self.pads) for _ in engine.model.model.layers]
         self.states = []
-        for (seq_id, ids, temperature, top_p, seed, drafts), n in zip(items, lengths):
+        for (seq_id, ids, temperature, top_p, seed, drafts, *scope), n in zip(items, lengths):
             key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-            state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts)
+            state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts,
+                                                   scope=scope[0] if scope else None)
             self.states.append(state)
 
 

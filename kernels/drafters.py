@@ -5,10 +5,15 @@ fed(state, tokens, hidden) for every plain or prefill forward of the target; und
 lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
 after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
 also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
+For the prompt cache (kernels/prompt_store.py): snapshot(state, n) -> the state for the first n
+committed tokens, owned; restore(state, snapshot, tokens, m) -> a new sequence's state for the
+first m <= n of them, exactly as if it had been fed those m tokens.
 (N-gram lookup needs no model and runs in the drafter actor itself.)
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
@@ -16,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.loader import output_head
 from kernels.mtp_head import MTPHead
+from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
 # Exact pairs wait until the next propose, which absorbs them in the same forward: a sequence that
@@ -30,6 +36,7 @@ class MtpDrafter:
     sequence's `last`."""
 
     wants_hidden = True
+    keep_log = False  # the prompt cache sets it: every pair's hidden row stays, in d["log"]
 
     def __init__(self, head: MTPHead, target):
         self.head, self.target = head, target
@@ -40,14 +47,14 @@ class MtpDrafter:
     def _own(self, state) -> dict:
         if not state.drafter:
             state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], pending=0, unpaired=None,
-                                 undo=None)
+                                 undo=None, log=[])
         return state.drafter
 
     def fed(self, state, tokens: mx.array, hidden: mx.array) -> None:
         d = self._own(state)
         if d["pending"] >= _ABSORB_AFTER:  # only pairs fed before: this feed stays undoable
             self._absorb(d)
-        d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"])
+        d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"], len(d["log"]))
         if d["unpaired"] is not None:
             self._add(d, d["unpaired"][None], tokens[:1])
         if tokens.shape[0] > 1:
@@ -57,8 +64,8 @@ class MtpDrafter:
     def undo_feed(self, state) -> None:
         d = self._own(state)
         if d["undo"] is not None:
-            count, d["pending"], d["unpaired"] = d["undo"]
-            del d["hidden"][count:], d["tokens"][count:]
+            count, d["pending"], d["unpaired"], logged = d["undo"]
+            del d["hidden"][count:], d["tokens"][count:], d["log"][logged:]
             d["undo"] = None
 
     def propose(self, state, k: int):
@@ -116,14 +123,51 @@ class MtpDrafter:
         h, t = self._take_pairs(d)
         self.head.absorb(h, t, self.embed, self.norm, d["cache"])
 
-    @staticmethod
-    def _add(d: dict, hidden: mx.array, tokens: mx.array) -> None:
+    def snapshot(self, state, n: int) -> "MtpSnapshot | None":
+        """The head's cache for pairs 0..n-2 (those absorbed) and the hidden rows h_0..h_n-1."""
+        d = self._own(state)
+        if d["unpaired"] is None:  # drafted and not yet committed: not a state of committed tokens
+            return None
+        rows = mx.concatenate([*d["log"], d["unpaired"][None]])[:n]
+        absorbed = min(d["cache"][0].offset, n - 1)
+        head = copy_layers([(c.keys, c.values) for c in d["cache"]], 0, absorbed) if absorbed else ()
+        hidden = mx.contiguous(rows)
+        mx.eval(hidden)
+        return MtpSnapshot(head, absorbed, hidden, layers_nbytes(head) + hidden.nbytes)
+
+    def restore(self, state, snap: "MtpSnapshot", tokens: tuple[int, ...], m: int) -> None:
+        """As if fed tokens[:m]: pairs 0..m-2 (the absorbed ones in the head's cache, the rest
+        pending) and h_m-1 unpaired, its next token the new prompt's m-th."""
+        d = self._own(state)
+        kept = min(snap.absorbed, m - 1)
+        if kept:
+            d["cache"] = restored_cache(snap.head, kept)
+        if m - 1 > kept:
+            self._add(d, snap.hidden[kept:m - 1], mx.array(tokens[kept + 1:m], dtype=mx.uint32))
+        d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
+        d["unpaired"], d["undo"] = snap.hidden[m - 1], None
+
+    def _add(self, d: dict, hidden: mx.array, tokens: mx.array) -> None:
+        if self.keep_log:
+            d["log"].append(hidden)
         d["hidden"].append(hidden)
         d["tokens"].append(tokens)
         d["pending"] += tokens.shape[0]
 
     @staticmethod
-    def _take_pairs(d: dict) -> tuple[mx.array, mx.array]:
+    def _pack_log(d: dict) -> None:
+        """Copy the newest logged rows into one block: they are views into step-wide buffers (a batch
+        step's hidden rows of every sequence), which would otherwise stay alive with them."""
+        packed = d.get("packed", 0)
+        if len(d["log"]) - packed >= 32:
+            block = mx.concatenate(d["log"][packed:])
+            mx.async_eval(block)
+            d["log"][packed:] = [block]
+            d["packed"] = packed + 1
+
+    def _take_pairs(self, d: dict) -> tuple[mx.array, mx.array]:
+        if self.keep_log:  # no feed is undoable here, so the log's layout may change
+            self._pack_log(d)
         h, t = mx.concatenate(d["hidden"]), mx.concatenate(d["tokens"])
         d["hidden"], d["tokens"], d["pending"] = [], [], 0
         return h, t
@@ -132,6 +176,19 @@ class MtpDrafter:
 def _full(head: MTPHead, ids: mx.array) -> mx.array:
     """Draft-vocabulary ids as the target's (a reduced head maps them back)."""
     return head.vocab_map[ids] if head.reduced else ids
+
+
+class MtpSnapshot(NamedTuple):
+    head: tuple  # the head cache's layers for its first `absorbed` pairs (kernels/prompt_store.Layers)
+    absorbed: int
+    hidden: mx.array  # [n, hidden]: the target's hidden row of each of the n tokens
+    nbytes: int
+
+
+class DraftSnapshot(NamedTuple):
+    kv: tuple  # the draft model's cache for the first `fed` tokens
+    fed: int
+    nbytes: int
 
 
 class DraftModelDrafter:
@@ -147,6 +204,21 @@ class DraftModelDrafter:
         if not state.drafter:
             state.drafter.update(cache=make_prompt_cache(self.model), unfed=[], fed_last=0)
         return state.drafter
+
+    def snapshot(self, state, n: int) -> DraftSnapshot:
+        """The draft model's cache for the tokens it has seen of the first n (the rest were unfed)."""
+        d = self._own(state)
+        fed = min(d["cache"][0].offset, n)
+        kv = copy_layers([(c.keys, c.values) for c in d["cache"]], 0, fed) if fed else ()
+        return DraftSnapshot(kv, fed, layers_nbytes(kv))
+
+    def restore(self, state, snap: DraftSnapshot, tokens: tuple[int, ...], m: int) -> None:
+        d = self._own(state)
+        fed = min(snap.fed, m)
+        if fed:
+            d["cache"] = restored_cache(snap.kv, fed)
+        d["unfed"] = [mx.array(tokens[fed:m], dtype=mx.uint32)] if m > fed else []
+        d["fed_last"] = 0
 
     def fed(self, state, tokens: mx.array, hidden=None) -> None:
         d = self._own(state)

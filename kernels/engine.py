@@ -32,6 +32,8 @@ class SeqState:
     draft_probs: mx.array | None = None  # q of the last drafts (sampled drafting only)
     pending_trim: int = 0  # entries a batch-resident sequence sheds at the batch's next sync
     drafts: bool = True  # False (disable_mtp): never drafts, so the drafter is never fed either
+    scope: str | None = None  # its prompt-cache scope (salt, drafting); None: it neither reuses nor is kept
+    cached: int = 0  # prompt tokens the prompt cache gave it
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -39,8 +41,9 @@ class SeqState:
 
 
 class Engine:
-    def __init__(self, model, prefill_step: int = 2048, drafter=None, batched: bool = False):
+    def __init__(self, model, prefill_step: int = 2048, drafter=None, batched: bool = False, prompt_cache=None):
         from kernels.batch_engine import Batch
+        from kernels.prompt_store import supports
 
         self.model = model
         self.prefill_step = prefill_step
@@ -48,15 +51,21 @@ class Engine:
         self.seqs: dict[str, SeqState] = {}
         # mtp_batch: decoding sequences live in one batch cache; serial keeps one cache per sequence
         self.batch = Batch() if batched else None
+        # A kernels.prompt_store.PromptStore, or None (off, or a model whose caches it cannot copy)
+        self.prompt_cache = prompt_cache if prompt_cache is not None and supports(make_prompt_cache(model)) else None
+        if self.prompt_cache is not None and drafter is not None:
+            drafter.keep_log = True
 
     # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
-                seed: int | None, lookahead: bool, drafts: bool = True) -> int:
+                seed: int | None, lookahead: bool, drafts: bool = True, scope: str | None = None) -> int:
+        from kernels.prompt_store import reuse
+
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key, drafts=drafts)
+        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key, drafts=drafts, scope=scope)
         self.seqs[seq_id] = state
         prompt = mx.array(prompt_ids, dtype=mx.uint32)
-        done = 0
+        done = reuse(self, state, prompt_ids)  # the cached prefix is in state.cache already
         while len(prompt_ids) - done > 1:
             n = min(self.prefill_step, len(prompt_ids) - done - 1)
             self._forward(state, prompt[done:done + n])
@@ -69,14 +78,26 @@ class Engine:
 
     def prefill_chunk(self, items, budget: int | None) -> tuple[dict[str, int] | None, int]:
         """mtp_batch chunked prefill: start a group (items: (seq_id, prompt_ids, temperature, top_p,
-        seed, drafts)) or, with no items, go on with the one in flight, running at most `budget`
+        seed, drafts, scope)) or, with no items, go on with the one in flight, running at most `budget`
         padded tokens (None: the rest). Returns each sequence's first token once the group is done
-        (else None) and the padded tokens run."""
+        (else None) and the padded tokens run. Newcomers with a cached prefix prefill their rest
+        alone at once (their first tokens come back now) and join the batch with their own cache."""
         from kernels.batch_prefill import PrefillGroup, advance
 
+        hits, items = self._cache_hits(items)
+        try:
+            firsts_now = {item[0]: self.prefill(*item[:5], lookahead=False, drafts=item[5], scope=item[6])
+                          for item in hits}
+        except BaseException:  # the scheduler fails every sequence of the chunk
+            for item in hits:
+                self.seqs.pop(item[0], None)
+            raise
+        hit_tokens = sum(len(item[1]) - self.seqs[item[0]].cached for item in hits)
         if items:
             self.batch.prefilling = PrefillGroup(self, items)
         group = self.batch.prefilling
+        if group is None:
+            return firsts_now, hit_tokens
         try:
             firsts, spent = advance(self, group, budget)
         except BaseException:
@@ -85,9 +106,16 @@ class Engine:
                 self.seqs.pop(seq_id, None)
             raise
         if firsts is None:
-            return None, spent
+            return firsts_now or None, spent + hit_tokens
         self.batch.prefilling = None
-        return dict(zip(group.ids, firsts)), spent
+        return {**firsts_now, **dict(zip(group.ids, firsts))}, spent + hit_tokens
+
+    def _cache_hits(self, items) -> tuple[list, list]:
+        """(newcomers whose prompt shares a cached prefix, the rest)."""
+        if self.prompt_cache is None or not items:
+            return [], list(items)
+        hits = [i for i in items if len(i) > 6 and i[6] is not None and self.prompt_cache.peek(i[6], i[1]) > 0]
+        return hits, [i for i in items if i not in hits]
 
     def decode(self, seq_ids, lookahead) -> list[int]:
         if self.batch is not None:  # one forward over every sequence
@@ -121,7 +149,13 @@ class Engine:
         """The drafter that follows this sequence, or None: one that never drafts is not fed."""
         return self.drafter if state.drafts else None
 
-    def release(self, seq_id: str) -> None:
+    def release(self, seq_id: str, tokens: tuple[int, ...] = ()) -> None:
+        """Drop a sequence; with its committed tokens (prompt and output), the prompt cache keeps it."""
+        from kernels.prompt_store import keep
+
+        state = self.seqs.get(seq_id)
+        if state is not None and tokens:
+            keep(self, seq_id, state, tokens)
         self.seqs.pop(seq_id, None)
 
     def close(self) -> None:

@@ -49,6 +49,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
               "and keeps the faster (runtime/blas.py)") = "auto"
     rows_kernel: doc(bool, "multiply a step's few rows by each weight matrix with metrale's kernel, built at "
                            "first use for this machine (kernels/rows_matmul.py); off: MLX's matmul") = True
+    # mlx-lm's server keeps 10 entries; 1 GiB holds ~23k tokens of the default model's KV (46 KB each)
+    prompt_cache_size: doc(int, "finished requests whose KV (and drafter state) the prompt cache keeps for "
+                                "later prompts that share a prefix, at most (0: no prompt cache)") = 10
+    prompt_cache_bytes: doc(int, "bytes the prompt cache's entries may hold, all told; the least recently "
+                                 "used entry goes first (0: no prompt cache)") = 1 << 30
     fault_after_steps: doc(int | None, "TEST ONLY (bench load's injected fault): the model owner raises on its "
                                        "step number N, once; unset: never") = None
 
@@ -192,6 +197,8 @@ def validate(config: Config) -> Config:
         raise ConfigError("--stream-buffer-bytes must be at least 4096")
     if server.api_key is not None and not server.api_key.strip():
         raise ConfigError("--api-key must not be empty")
+    if min(config.model.prompt_cache_size, config.model.prompt_cache_bytes) < 0:
+        raise ConfigError("--prompt-cache-size and --prompt-cache-bytes must not be negative (0 turns it off)")
     if config.model.fault_after_steps is not None and config.model.fault_after_steps < 1:
         raise ConfigError("--fault-after-steps must be at least 1")
     if adm.max_queue_wait_s <= 0:

@@ -26,6 +26,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     disable_mtp: bool = False
     objective: str = "balanced"  # "latency" | "energy" | "balanced"
     conversation: str | None = None  # conversation_id if given, else the OpenAI user
+    cache_prompt: bool = True  # False: this request neither reuses the prompt cache nor is kept in it
+    cache_salt: str | None = None  # only requests with the same salt share cached prefixes
 
     @property
     def greedy(self) -> bool:
@@ -85,10 +87,15 @@ class SpecReceipt(msgspec.Struct, frozen=True, kw_only=True):
     plain_seconds: float = 0.0
 
 
+class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache (OpenAI's field)
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
     speculation: SpecReceipt = SpecReceipt()
 
 
@@ -152,13 +159,17 @@ class StartAhead(_Msg, frozen=True):
 
 
 class Release(_Msg, frozen=True):
+    """Drop a sequence; with its tokens (prompt and output), the prompt cache may keep its KV."""
+
     seq_id: str
+    tokens: tuple[int, ...] = ()
 
 
 class Prefilled(_Msg, frozen=True):
     seq_id: str
     token: int
     seconds: float
+    cached_tokens: int = 0  # prompt tokens the prompt cache gave (not computed)
 
 
 class PrefillProgress(_Msg, frozen=True):

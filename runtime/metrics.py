@@ -81,6 +81,13 @@ DECLARED: dict[str, Declared] = dict([
           ("drafter",)),
     _ours("accepted_tokens_total", "counter", "Draft tokens the verifier accepted"),
     _ours("gate_switches_total", "counter", "Switches of the gate's mode, by the mode switched to", ("to",)),
+    _ours("prompt_cache_queries", "counter", "Requests that looked up the prompt cache"),
+    _ours("prompt_cache_hits", "counter", "Lookups that reused at least one cached prompt token"),
+    _ours("prompt_cache_hit_tokens", "counter", "Prompt tokens whose KV came from the prompt cache"),
+    _ours("prompt_cache_query_tokens", "counter", "Prompt tokens of the requests that looked up the prompt cache"),
+    _ours("prompt_cache_evictions", "counter", "Prompt-cache entries dropped to stay within its bounds"),
+    _ours("prompt_cache_entries", "gauge", "Entries in the prompt cache"),
+    _ours("prompt_cache_bytes", "gauge", "Bytes the prompt cache's entries hold (KV and drafter state)"),
 ])
 
 

@@ -29,7 +29,9 @@ _ERRORS = {"400": "malformed, or asks for what this server does not do (param na
            "503": "degraded, shutting down, or timed out in the queue"}
 _EXTRA_DOCS = {"disable_mtp": "extra: this request decodes plainly (no speculation)",
                "objective": "extra: what the planner optimises for this request",
-               "conversation_id": "extra: groups the turns of one conversation (acceptance evidence carries over)"}
+               "conversation_id": "extra: groups the turns of one conversation (acceptance evidence carries over)",
+               "cache_prompt": "extra: false keeps this request out of the prompt cache (it neither reuses nor is kept)",
+               "cache_salt": "extra: cached prefixes are shared only among requests with the same salt"}
 
 
 def document(app: web.Application) -> dict:

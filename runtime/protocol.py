@@ -24,7 +24,7 @@ MAX_MESSAGES = 2048  # a chat template renders every message: bound the work one
 MAX_ID_CHARS = 256
 SEED_RANGE = 1 << 63  # MLX's random keys take 0..2^63-1: any int64 seed is taken modulo this
 MODEL_ALIASES = ("default",)  # besides the served model's id
-EXTRAS = ("disable_mtp", "objective", "conversation_id")
+EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt")
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 Objective = Literal["latency", "energy", "balanced"]
@@ -73,6 +73,8 @@ class _Params(_Wire, frozen=True, kw_only=True):
     objective: Objective = "balanced"  # extra: what the planner optimises for this request
     user: Identifier | None = None  # OpenAI's end-user id
     conversation_id: Identifier | None = None  # extra: groups the turns of one conversation
+    cache_prompt: bool = True  # extra (llama.cpp's name): false keeps this request out of the prompt cache
+    cache_salt: Identifier | None = None  # extra (vLLM's name): prefixes are shared only within one salt
 
 
 class _OpenAI(_Params, frozen=True, kw_only=True):
@@ -232,5 +234,6 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
     return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                           top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens, stop=stop,
                           seed=None if req.seed is None else req.seed % SEED_RANGE, disable_mtp=req.disable_mtp,
-                          objective=req.objective, conversation=conversation)
+                          objective=req.objective, conversation=conversation, cache_prompt=req.cache_prompt,
+                          cache_salt=req.cache_salt)
 

@@ -113,6 +113,7 @@ class Health(_Out, frozen=True, kw_only=True):
     mode: str
     uptime_s: float
     scheduler: dict[str, Any] | None
+    prompt_cache: dict[str, Any] | None  # entries, bytes, bounds, queries, hits, hit_tokens, evictions, ...
     telemetry: dict[str, Any]
 
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.eligibility import ThinkProgress
-from runtime.messages import FinishReason, SamplingParams, SpecReceipt, Usage
+from runtime.messages import FinishReason, PromptTokensDetails, SamplingParams, SpecReceipt, Usage
 from runtime.text import IncrementalText
 
 
@@ -113,6 +113,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     first_token_at: float | None = None
     think: ThinkProgress = field(default_factory=ThinkProgress)
+    cached_tokens: int = 0  # prompt tokens the prompt cache gave
 
     def __post_init__(self) -> None:
         if _RECORDERS:  # empty unless something in this process asked to record steps
@@ -154,5 +155,13 @@ class Sequence:
 
     def usage(self) -> Usage:
         prompt, completion = len(self.prompt_ids), len(self.output_ids)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion, speculation=self.spec.receipt())
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+                     speculation=self.spec.receipt())
+
+    def kept_tokens(self) -> tuple[int, ...]:
+        """What the prompt cache may keep when it leaves: its prompt and output, unless it opted out
+        or failed (a failed sequence's caches are not trusted)."""
+        if not self.params.cache_prompt or self.status is Status.FAILED:
+            return ()
+        return self.prompt_ids + tuple(self.output_ids)

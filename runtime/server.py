@@ -65,6 +65,8 @@ async def models(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     system: System = request.app["system"]
     info = system.info
+    # Each answers between its own jobs: ask both at once, so one's wait does not add to the other's
+    scheduler, prompt_cache = await asyncio.gather(system.describe_scheduler(), system.describe_prompt_cache())
     body = {
         "status": "degraded" if system.failure else "draining" if system.drain.closed else "ok",
         "failure": system.failure,
@@ -72,7 +74,8 @@ async def health(request: web.Request) -> web.Response:
         "context_length": info.context_length, "blas": info.blas, "matmul": info.matmul,
         "mode": system.config.scheduler.mode,
         "uptime_s": round(time.monotonic() - system.started_at, 3),
-        "scheduler": await system.describe_scheduler(),
+        "scheduler": scheduler,
+        "prompt_cache": prompt_cache,
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",

@@ -42,6 +42,7 @@ class System:
             check_same_tokenizer(self.codec, config.spec.draft_model)
         self.telemetry = Telemetry()
         self.owner = owner or make_owner(config, model_dir)
+        self.owner.telemetry = self.telemetry  # the prompt cache's samples
         self.streamer = Streamer(None, self.telemetry)
         self.scheduler: Scheduler | None = None  # built once the model is loaded (it needs the drafter)
         self.admission: Admission | None = None
@@ -175,6 +176,13 @@ class System:
         if not self.streamer.closing:
             await self.streamer.tell(FailOpen(error=error, status=status))
 
+    async def describe_prompt_cache(self) -> dict | None:
+        """The model owner's account of its prompt cache (an ask, as for the scheduler)."""
+        try:
+            return await asyncio.wait_for(self.owner.ask(Describe()), 10)
+        except (ActorFailure, asyncio.TimeoutError):
+            return None
+
     async def describe_scheduler(self) -> dict | None:
         """The scheduler's own account of its state (an ask: nothing outside it reads its containers)."""
         try:
@@ -197,7 +205,8 @@ def make_owner(config: Config, model_dir: Path) -> Actor:
     """The model owner; with the test-only fault_after_steps, one that fails one step (runtime/faults.py)."""
     args = (model_dir, config.model.prefill_step, config.spec)
     batched = config.scheduler.mode == "mtp_batch"
-    kwargs = {"batched": batched, "rows_kernel": config.model.rows_kernel}
+    kwargs = {"batched": batched, "rows_kernel": config.model.rows_kernel,
+              "prompt_cache": (config.model.prompt_cache_size, config.model.prompt_cache_bytes)}
     if config.model.fault_after_steps is None:
         return ModelOwner(*args, **kwargs)
     from runtime.faults import FaultOnceOwner

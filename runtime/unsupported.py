@@ -42,8 +42,10 @@ UNSUPPORTED = (
     Unsupported("store", (None, False), "completions are not stored"),
     Unsupported("metadata", (None, {}), "completions are not stored"),
     Unsupported("service_tier", (None, "auto", "default"), "this server has one service tier"),
-    Unsupported("prompt_cache_retention", (None,), "there is no prompt cache to configure"),
-    Unsupported("prompt_cache_options", (None,), "there is no prompt cache to configure"),
+    Unsupported("prompt_cache_retention", (None,), "the prompt cache's bounds are the server's "
+                "(--prompt-cache-size, --prompt-cache-bytes); per request: cache_prompt, cache_salt"),
+    Unsupported("prompt_cache_options", (None,), "the prompt cache's bounds are the server's "
+                "(--prompt-cache-size, --prompt-cache-bytes); per request: cache_prompt, cache_salt"),
     Unsupported("moderation", (None,), "moderation is not available"),
     Unsupported("best_of", (None, 1), "one completion per request"),
     Unsupported("suffix", (None, ""), "insertion (suffix) is not implemented"),
