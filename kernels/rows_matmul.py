@@ -41,6 +41,8 @@ def status() -> str:
     """What /health and benchmarks report: the row counts it takes, or why it is off."""
     if not available():
         return f"off ({_failure})"
+    if not _rows_chosen:
+        return "built (its row counts are timed at the first model load)"
     return f"on for {_spans(_rows)} rows" if _rows else "built; won at no row count here"
 
 

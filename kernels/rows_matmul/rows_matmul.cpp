@@ -170,6 +170,20 @@ void rows_times_weights(const float* x, const float* w, float* y, int M, int N, 
   pool.run(x, w, y, M, N, K);
 }
 
+// A strided array's elements in row-major order.
+std::vector<float> gather(const mx::array& x) {
+  std::vector<float> out(x.size());
+  std::vector<int> index(x.ndim(), 0);
+  const float* base = x.data<float>();
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t offset = 0;
+    for (int d = 0; d < (int)x.ndim(); ++d) offset += (int64_t)index[d] * x.strides()[d];
+    out[i] = base[offset];
+    for (int d = (int)x.ndim() - 1; d >= 0 && ++index[d] == x.shape(d); --d) index[d] = 0;
+  }
+  return out;
+}
+
 class RowsMatmul : public mx::Primitive {
  public:
   explicit RowsMatmul(mx::Stream stream) : mx::Primitive(stream) {}
@@ -186,7 +200,12 @@ class RowsMatmul : public mx::Primitive {
     encoder.set_output_array(out);
     encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                       out = mx::array::unsafe_weak_copy(out), M, N, K]() mutable {
-      rows_times_weights(x.data<float>(), w.data<float>(), out.data<float>(), M, N, K);
+      if (x.flags().row_contiguous) {
+        rows_times_weights(x.data<float>(), w.data<float>(), out.data<float>(), M, N, K);
+      } else {
+        std::vector<float> rows = gather(x);  // a few rows: copied here, not by an extra graph node
+        rows_times_weights(rows.data(), w.data<float>(), out.data<float>(), M, N, K);
+      }
     });
   }
 
@@ -204,10 +223,11 @@ mx::array rows_matmul(const mx::array& x, const mx::array& w) {
     throw std::invalid_argument("rows_matmul: float32 x [..., K] and w [N, K]");
   if ((int)(x.size() / x.shape(-1)) > kMaxRows) throw std::invalid_argument("rows_matmul: too many rows");
   auto stream = mx::default_stream(mx::Device::cpu);
-  mx::array xc = mx::contiguous(x, false, stream), wc = mx::contiguous(w, false, stream);
+  // Weights are evaluated and contiguous: no copy node per product (x is gathered in eval if strided).
+  mx::array wc = w.is_available() && w.flags().row_contiguous ? w : mx::contiguous(w, false, stream);
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
-  return mx::array(shape, mx::float32, std::make_shared<RowsMatmul>(stream), {xc, wc});
+  return mx::array(shape, mx::float32, std::make_shared<RowsMatmul>(stream), {x, wc});
 }
 
 }  // namespace
