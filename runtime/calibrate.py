@@ -156,6 +156,7 @@ def _knots(pairs: list[tuple[float, bool]], bins: int) -> tuple[tuple[float, ...
 def measure_table(
     model, *, model_dir: Path, drafter: str, model_name: str, dtype: str, settings: Settings,
     workload: Workload, mtp_head: str | None = None, head=None, tick: Callable[[], None] = lambda: None,
+    matmul: str = "stock",
 ) -> CostTable:
     """Every cell and the acceptance calibration; writes nothing (the caller saves the result).
     model (and head, for MTP) are timed in this thread; acceptance runs on model_dir as served."""
@@ -172,7 +173,8 @@ def measure_table(
     steps = acceptance_steps(model_dir, workload.prompts, drafter=drafter, mtp_head=mtp_head,
                              k=settings.max_k, max_tokens=settings.max_tokens, tick=tick)
     meta = TableMeta(
-        model_id=model_name, drafter=drafter, machine=machine_id(), dtype=dtype, blas=kernels.BLAS,
+        model_id=model_name, drafter=drafter, machine=machine_id(), dtype=dtype,
+        blas=f"{kernels.BLAS} | {matmul}",  # as ModelInfo.compute: what a served step runs on
         energy_source=meter.source, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         watts_per_core=settings.watts_per_core if meter.source == "cpu_proxy" else None,
     )
@@ -326,7 +328,7 @@ def _measure(model_dir: Path, name: str, drafter: str, mtp_head: str | None, set
         return measure_table(
             loaded.model, model_dir=model_dir, drafter=drafter, model_name=name, dtype=loaded.dtype,
             settings=settings, workload=workload, mtp_head=mtp_head,
-            head=getattr(engine_drafter, "head", None), tick=bar.update,
+            head=getattr(engine_drafter, "head", None), tick=bar.update, matmul=loaded.matmul,
         )
 
 
