@@ -22,7 +22,7 @@ from runtime.prompt_cache import cache_scope
 from runtime.messages import (
     Branching, CanBranch, Decode, Describe, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
     PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
-    TimeCell,
+    TimeCell, TokenLogprob,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
 )
 
@@ -138,21 +138,38 @@ class ModelOwner(Actor):
             case _:
                 assert_never(msg)
 
+    def _expect(self, msg: Prefill) -> None:
+        """What the sequence's logits get before each draw: its penalties, its log-probabilities."""
+        from kernels.processing import ProcessSpec
+
+        p = msg.params
+        if p.processed:
+            self.engine.specs[msg.seq_id] = ProcessSpec(p.presence_penalty, p.frequency_penalty,
+                                                        p.repetition_penalty, p.logprobs)
+
+    def _logprobs(self, seq_id: str) -> tuple[TokenLogprob, ...]:
+        return tuple(TokenLogprob(token=t, logprob=lp, top=tuple((i, v) for i, v in alts))
+                     for t, lp, alts in self.engine.take_logprobs(seq_id))
+
     def _prefill(self, msg: Prefill) -> Prefilled:
         started = time.perf_counter()
         p = msg.params
+        self._expect(msg)
         token = self.engine.prefill(msg.seq_id, msg.prompt_ids, p.temperature, p.top_p, p.seed, False,
                                     drafts=not p.disable_mtp, scope=_scope(p))  # its lookahead follows the reply
         return Prefilled(seq_id=msg.seq_id, token=token, seconds=time.perf_counter() - started,
-                         cached_tokens=self.engine.seqs[msg.seq_id].cached)
+                         cached_tokens=self.engine.seqs[msg.seq_id].cached, logprobs=self._logprobs(msg.seq_id))
 
     def _prefill_chunk(self, msg: PrefillChunk) -> PrefillProgress:
         started = time.perf_counter()
         items = [(m.seq_id, list(m.prompt_ids), m.params.temperature, m.params.top_p, m.params.seed,
                   not m.params.disable_mtp, _scope(m.params)) for m in msg.items]
+        for m in msg.items:
+            self._expect(m)
         firsts, spent = self.engine.prefill_chunk(items, msg.budget or None)
         seconds = time.perf_counter() - started
-        prefilled = tuple(Prefilled(seq_id=s, token=t, seconds=seconds, cached_tokens=self.engine.seqs[s].cached)
+        prefilled = tuple(Prefilled(seq_id=s, token=t, seconds=seconds, cached_tokens=self.engine.seqs[s].cached,
+                                    logprobs=self._logprobs(s))
                           for s, t in (firsts or {}).items())
         return PrefillProgress(prefilled=prefilled, tokens=spent, seconds=seconds)
 
@@ -178,7 +195,9 @@ class ModelOwner(Actor):
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()
         tokens = self.engine.decode(msg.seq_ids, (False,) * len(msg.seq_ids))  # lookahead follows the reply
-        return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started)
+        logprobs = tuple(self._logprobs(s) for s in msg.seq_ids)
+        return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started,
+                       logprobs=logprobs if any(logprobs) else ())
 
     def _propose(self, msg: Propose) -> Drafted:
         started = time.perf_counter()
@@ -190,7 +209,8 @@ class ModelOwner(Actor):
     def _verify(self, msg: VerifyDrafts) -> Verified:
         started = time.perf_counter()
         accepted, emitted = self.engine.verify(msg.seq_id, list(msg.drafts), msg.use_draft_probs)
-        return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started)
+        return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started,
+                        logprobs=self._logprobs(msg.seq_id))
 
     def _time_cell(self, msg: TimeCell) -> CellTimed:
         if self.timer is None:
@@ -209,8 +229,9 @@ class ModelOwner(Actor):
         rows = [(r.seq_id, list(r.drafts), r.use_draft_probs) for r in msg.rows]
         results = step_rows(self.engine, rows)
         seconds = time.perf_counter() - started
-        return VerifiedBatch(results=tuple(Verified(accepted=a, emitted=tuple(e), seconds=seconds) for a, e in results),
-                             seconds=seconds)
+        return VerifiedBatch(results=tuple(Verified(accepted=a, emitted=tuple(e), seconds=seconds,
+                                                    logprobs=self._logprobs(r.seq_id))
+                                           for r, (a, e) in zip(msg.rows, results)), seconds=seconds)
 
     def _can_branch(self) -> Branching:
         from kernels.tree_verify import can_branch

@@ -185,7 +185,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
                       queued_seconds=round(time.monotonic() - seq.submitted_at, 4))
         await self.telemetry.tell(Sample(name="prefill_seconds", value=seconds, kind="observe"))
         await self.observe("request_queue_time_seconds", time.monotonic() - seq.submitted_at - seconds)
-        await self.emit(seq, [reply.token])
+        await self.emit(seq, [reply.token], reply.logprobs)
 
     async def plain_step(self, batch: list[Sequence], chosen: bool = False) -> None:
         ids = tuple(s.request_id for s in batch)
@@ -204,10 +204,10 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.step_ended = (started + wall, self.meter.read(), ids)
         if (controller := self.policy.controller) is not None:
             controller.record_plain(len(batch), wall * 1e3, joules, chosen)
-        for seq, token in zip(batch, reply.tokens):
+        for i, (seq, token) in enumerate(zip(batch, reply.tokens)):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall
-            await self.emit(seq, [token])
+            await self.emit(seq, [token], reply.logprobs[i] if reply.logprobs else ())
         self.mode.note_step("plain", len(batch), 0, 0)
         await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch), joules)
 
@@ -232,10 +232,11 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
             await self.telemetry.tell(Sample(name="gate_switches_total", value=1,
                                              labels=(("to", decision.mode.value),)))
 
-    async def emit(self, seq: Sequence, token_ids: list[int]) -> None:
+    async def emit(self, seq: Sequence, token_ids: list[int], logprobs: tuple = ()) -> None:
         index = len(seq.output_ids)
         first = seq.first_token_at is None
         kept, delta = seq.accept(token_ids, self.codec.eos_ids)
+        logprobs = tuple(logprobs[:len(kept)])
         seq.think = seq.think.advance(kept, self.policy.think_markers)
         self.policy.note_text(seq, delta)
         if first and kept:
@@ -244,7 +245,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
             await self.observe("time_to_first_token_seconds", seq.first_token_at - seq.submitted_at)
         if kept or delta:
             await self.streamer.tell(TokensEmitted(request_id=seq.request_id, token_ids=tuple(kept),
-                                                   text=delta, index=index))
+                                                   text=delta, index=index, logprobs=logprobs))
         if seq.done:
             await self.finish(seq)
 

@@ -67,7 +67,7 @@ class SpecStep:
                 seq.spec.plain_seconds += wall
         await self.start_ahead(batch, results)  # once the outcomes are in: they decide the next step
         for seq, result in zip(batch, results):
-            await self.emit(seq, list(result.emitted))
+            await self.emit(seq, list(result.emitted), result.logprobs)
         self.mode.note_step("mtp", len(batch), sum(len(r.drafts) for r in rows), sum(r.accepted for r in results))
         outcomes = tuple((len(row.drafts), result.accepted) for row, result in zip(rows, results))
         await self.after_step(choice, wall, batch, tokens, joules, outcomes)

@@ -69,8 +69,8 @@ class TreeExecutor:
         step (a step it cannot draft for)."""
         s, seq = self.scheduler, batch[0]
         k = min(choice.depths[0], seq.remaining - 1)
-        if len(batch) != 1 or k < 1 or not s.policy.eligible(seq):
-            return False
+        if len(batch) != 1 or k < 1 or not s.policy.eligible(seq) or seq.params.processed:
+            return False  # penalties and log-probabilities: the serial step's chain verify has them
         started, energy = time.perf_counter(), s.meter.read()
         try:
             spine, confidences, candidates = await self.draft(seq, k)

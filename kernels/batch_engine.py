@@ -22,13 +22,14 @@ from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.loader import output_head
+from kernels.processing import commit, note, processed
 from kernels.sampling import probs_from_logits, sample
 
 
 class Ahead(NamedTuple):
     ids: list[str]  # the batch's rows when it started
     tokens: mx.array  # [rows], computing
-    saved: dict[str, tuple]  # per row: (last, key) before the step, to put back if it is dropped
+    saved: dict[str, tuple]  # per row: (last, key, counts) before the step, to put back if it is dropped
 
 
 class Batch:
@@ -60,7 +61,9 @@ class Batch:
             state = engine.seqs.get(seq_id)
             if state is None:
                 continue
-            state.last, state.key = ahead.saved[seq_id]
+            state.last, state.key, counts = ahead.saved[seq_id]
+            if state.proc is not None:
+                state.proc.restore(counts)
             state.length -= 1
             if (drafter := engine.drafter_of(state)) is not None:
                 drafter.undo_feed(state)
@@ -152,6 +155,10 @@ def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
     else:
         rows, step = taken
     values = dict(zip(rows, step.tolist()))
+    for s in seq_ids:  # before the next step's start replaces each row's logits
+        state = engine.seqs[s]
+        if state.proc is not None:
+            note(state, state.step_logits, [values[s]])
     if ahead:  # after reading: MLX's CPU async_eval runs most of the forward before it returns
         _start(engine, seq_ids)
     return [values[s] for s in seq_ids]
@@ -166,7 +173,8 @@ def start_ahead(engine, seq_ids: list[str]) -> None:
 
 
 def _start(engine, seq_ids: list[str]) -> None:
-    saved = {s: (engine.seqs[s].last, engine.seqs[s].key) for s in seq_ids}
+    saved = {s: (engine.seqs[s].last, engine.seqs[s].key,
+                 engine.seqs[s].proc and engine.seqs[s].proc.snapshot()) for s in seq_ids}
     following = _plain_forward(engine, seq_ids)
     mx.async_eval(following)
     engine.batch.ahead = Ahead(list(engine.batch.ids), following, saved)
@@ -184,11 +192,15 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
     greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
     tokens = []
     for b, state in enumerate(states):
+        row = processed(state, logits[b:b + 1])
+        state.step_logits = row if state.proc is not None else None
         if state.temperature == 0:
-            token = greedy[b:b + 1]
+            token = greedy[b:b + 1] if state.proc is None else \
+                mx.argmax(row - mx.logsumexp(row, axis=-1, keepdims=True), axis=-1)
         else:
-            token = sample(probs_from_logits(logits[b], state.temperature, state.top_p), state.next_key()).reshape(1)
+            token = sample(probs_from_logits(row[0], state.temperature, state.top_p), state.next_key()).reshape(1)
         state.last = token.astype(mx.uint32)
+        commit(state, state.last)
         state.length += 1
         if (drafter := engine.drafter_of(state)) is not None:
             drafter.fed(state, inputs[b], hidden[b])
@@ -203,6 +215,10 @@ def _row_tokens(state, drafts: list[int], width: int) -> mx.array:
 
 
 def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], use_q: bool):
+    if state.proc is not None:  # the penalised target: each row with the counts as of its position
+        logits = processed(state, logits, drafts)
+        if state.temperature == 0:
+            greedy_ids = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1).tolist()
     if state.temperature == 0:
         accepted, emitted = accept_greedy(greedy_ids, drafts)
     elif drafts:
@@ -214,4 +230,6 @@ def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], u
         accepted, emitted = 0, [int(token.item())]
     if not drafts:
         state.last = mx.array(emitted, dtype=mx.uint32)
+        commit(state, emitted)
+    note(state, logits, emitted)
     return accepted, emitted

@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.loader import output_head
+from kernels.processing import commit, note, processed
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -32,7 +33,8 @@ class PrefillGroup:
         for (seq_id, ids, temperature, top_p, seed, drafts, *scope), n in zip(items, lengths):
             key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
             state = engine.seqs[seq_id] = SeqState(None, temperature, top_p, key, length=n, drafts=drafts,
-                                                   scope=scope[0] if scope else None)
+                                                   scope=scope[0] if scope else None,
+                                                   proc=engine.processor(seq_id, ids))
             self.states.append(state)
 
 
@@ -50,10 +52,13 @@ def advance(engine, group: PrefillGroup, budget: int | None) -> tuple[list[int] 
     if group.width - group.done > 1:
         return None, spent * rows
     logits = _forward(engine, group, 1)[:, -1]
-    firsts = [_first_token(state, logits[b]) for b, state in enumerate(group.states)]
+    lasts = [processed(state, logits[b:b + 1]) for b, state in enumerate(group.states)]
+    firsts = [_first_token(state, row[0]) for row, state in zip(lasts, group.states)]
     mx.eval(firsts)
-    for state, first in zip(group.states, firsts):
+    for state, first, row in zip(group.states, firsts, lasts):
         state.last = first.reshape(1).astype(mx.uint32)
+        commit(state, state.last)
+        note(state, row, [int(first.item())])
     engine.batch.incoming.append((group.ids, group.cache))
     return [int(f.item()) for f in firsts], (spent + 1) * rows
 

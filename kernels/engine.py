@@ -16,6 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.loader import output_head
+from kernels.processing import Processor, ProcessSpec, commit, make_processor, note, processed
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -34,6 +35,9 @@ class SeqState:
     drafts: bool = True  # False (disable_mtp): never drafts, so the drafter is never fed either
     scope: str | None = None  # its prompt-cache scope (salt, drafting); None: it neither reuses nor is kept
     cached: int = 0  # prompt tokens the prompt cache gave it
+    proc: Processor | None = None  # penalties and log-probabilities asked for; None: neither
+    step_logits: mx.array | None = None  # the processed logits of the latest plain step (log-probabilities)
+    pending_logits: mx.array | None = None  # ... of the lookahead step in flight
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -49,6 +53,7 @@ class Engine:
         self.prefill_step = prefill_step
         self.drafter = drafter  # a kernels.drafters drafter that runs on this thread, or None
         self.seqs: dict[str, SeqState] = {}
+        self.specs: dict[str, ProcessSpec] = {}  # set by the owner before a sequence's prefill
         # mtp_batch: decoding sequences live in one batch cache; serial keeps one cache per sequence
         self.batch = Batch() if batched else None
         # A kernels.prompt_store.PromptStore, or None (off, or a model whose caches it cannot copy)
@@ -62,7 +67,8 @@ class Engine:
         from kernels.prompt_store import reuse
 
         key = None if temperature == 0 else mx.random.key(seed if seed is not None else _fresh_seed())
-        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key, drafts=drafts, scope=scope)
+        state = SeqState(make_prompt_cache(self.model), temperature, top_p, key, drafts=drafts, scope=scope,
+                         proc=self.processor(seq_id, prompt_ids))
         self.seqs[seq_id] = state
         prompt = mx.array(prompt_ids, dtype=mx.uint32)
         done = reuse(self, state, prompt_ids)  # the cached prefix is in state.cache already
@@ -126,6 +132,8 @@ class Engine:
         for seq_id in seq_ids:
             state = self.seqs[seq_id]
             y, state.pending = state.pending, None
+            if y is not None:
+                state.step_logits = state.pending_logits
             out.append(self._emit(state, self._step(state, state.last) if y is None else y))
         self.start_ahead([s for s, ahead in zip(seq_ids, lookahead) if ahead])
         return out
@@ -143,6 +151,7 @@ class Engine:
             state = self.seqs.get(seq_id)
             if state is not None and state.pending is None:
                 state.pending = self._step(state, state.last)
+                state.pending_logits = state.step_logits
                 mx.async_eval(state.pending)
 
     def drafter_of(self, state: SeqState):
@@ -157,6 +166,15 @@ class Engine:
         if state is not None and tokens:
             keep(self, seq_id, state, tokens)
         self.seqs.pop(seq_id, None)
+        self.specs.pop(seq_id, None)
+
+    def processor(self, seq_id: str, prompt_ids) -> Processor | None:
+        return make_processor(self.specs.pop(seq_id, None), prompt_ids)
+
+    def take_logprobs(self, seq_id: str) -> tuple:
+        """The log-probabilities of the tokens this sequence emitted since the last call."""
+        state = self.seqs.get(seq_id)
+        return () if state is None or state.proc is None else tuple(state.proc.take_logprobs())
 
     def close(self) -> None:
         """Finish work still in flight (lookahead steps) and drop every sequence. Exiting with MLX
@@ -166,7 +184,11 @@ class Engine:
 
     def _emit(self, state: SeqState, y: mx.array) -> int:
         state.last = y
-        return y.item()
+        commit(state, y)
+        token = y.item()
+        if state.step_logits is not None:
+            note(state, state.step_logits, [token])
+        return token
 
     def _forward(self, state: SeqState, tokens: mx.array, verifying: bool = False) -> mx.array:
         """Logits [L, V] for tokens [L], appended to the cache; the drafter sees what is committed."""
@@ -183,7 +205,8 @@ class Engine:
         return logits
 
     def _step(self, state: SeqState, tokens: mx.array) -> mx.array:
-        logits = self._forward(state, tokens)[-1:]
+        logits = processed(state, self._forward(state, tokens)[-1:])
+        state.step_logits = logits if state.proc is not None else None
         if state.temperature == 0:
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return mx.argmax(logprobs, axis=-1)
@@ -232,13 +255,16 @@ class Engine:
         state = self.seqs[seq_id]
         self.settle(state)
         tokens = mx.concatenate([state.last.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
-        logits = self._forward(state, tokens, verifying=True)
+        logits = processed(state, self._forward(state, tokens, verifying=True), drafts)
         if state.temperature == 0:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            return accept_greedy(mx.argmax(logprobs, axis=-1).tolist(), drafts)
-        p = probs_from_logits(logits, state.temperature, state.top_p)
-        q = state.draft_probs[:len(drafts)] if use_draft_probs else None  # the planner may verify fewer
-        return accept_drafts(p, drafts, q, state.next_key())
+            accepted, emitted = accept_greedy(mx.argmax(logprobs, axis=-1).tolist(), drafts)
+        else:
+            p = probs_from_logits(logits, state.temperature, state.top_p)
+            q = state.draft_probs[:len(drafts)] if use_draft_probs else None  # the planner may verify fewer
+            accepted, emitted = accept_drafts(p, drafts, q, state.next_key())
+        note(state, logits, emitted)
+        return accepted, emitted
 
     def rollback(self, seq_id: str, drafted: int, accepted: int, emitted: list[int]) -> None:
         """Trim every cache to the accepted prefix; the last emitted token becomes the next input."""
@@ -250,6 +276,7 @@ class Engine:
             self._trim(state, drafted - accepted)
         if self.drafter is not None:
             self.drafter.commit(state, drafted, accepted, emitted)
+        commit(state, emitted)
         state.last = mx.array(emitted[-1:], dtype=mx.uint32)
         state.draft_probs = None
 

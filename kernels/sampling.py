@@ -58,3 +58,38 @@ def top1_logprob(logits: mx.array) -> mx.array:
     """Log-probability of the most likely token per row at temperature 1: a drafter's confidence."""
     logits = logits.astype(mx.float32)
     return mx.max(logits, axis=-1) - mx.logsumexp(logits, axis=-1)
+
+
+def penalise(logits: mx.array, counts: mx.array, seen: mx.array | None, presence: float, frequency: float,
+             repetition: float) -> mx.array:
+    """Penalised logits, rows on the last axis (vLLM's order: repetition, then frequency and presence).
+
+    counts [.., V]: each token's occurrences in the output so far; seen [.., V] (bool): tokens of the
+    prompt or the output, for the repetition penalty (CTRL, Keskar et al. 2019): a seen token's
+    positive logit is divided by it, a negative one multiplied. OpenAI's penalties subtract
+    frequency * count and presence * [count > 0].
+    """
+    logits = logits.astype(mx.float32)
+    if repetition != 1.0 and seen is not None:
+        logits = mx.where(seen, mx.where(logits > 0, logits / repetition, logits * repetition), logits)
+    if frequency:
+        logits = logits - frequency * counts
+    if presence:
+        logits = logits - presence * (counts > 0)
+    return logits
+
+
+def token_logprobs(logits: mx.array, token_ids: list[int], top: int) -> list[tuple[int, float, list]]:
+    """(token, log-probability, [(token, log-probability)] of the `top` most likely, best first) for
+    each row of logits [R, V] and its token: the distribution at temperature 1; evaluates."""
+    logprobs = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1, keepdims=True)
+    ids = mx.array(token_ids, dtype=mx.int32)[:, None]
+    chosen = mx.take_along_axis(logprobs, ids, axis=-1)[:, 0]
+    if top > 0:
+        best = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top]
+        best_lp = mx.take_along_axis(logprobs, best, axis=-1)
+        mx.eval(chosen, best, best_lp)
+        tops = [sorted(zip(i, v), key=lambda pair: -pair[1]) for i, v in zip(best.tolist(), best_lp.tolist())]
+    else:
+        tops = [[] for _ in token_ids]
+    return [(t, lp, alts) for t, lp, alts in zip(token_ids, chosen.tolist(), tops)]

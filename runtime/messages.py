@@ -28,10 +28,20 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     conversation: str | None = None  # conversation_id if given, else the OpenAI user
     cache_prompt: bool = True  # False: this request neither reuses the prompt cache nor is kept in it
     cache_salt: str | None = None  # only requests with the same salt share cached prefixes
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # the alternatives per token to report; None: no log-probabilities
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the owner processes this sequence's logits (penalties) or reports log-probabilities."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logprobs is not None)
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,11 +109,21 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     speculation: SpecReceipt = SpecReceipt()
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """An emitted token's log-probability and the most likely alternatives, from the target's
+    processed logits at temperature 1 in the forward that emitted it."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class TokensEmitted(_Msg, frozen=True):
     request_id: str
     token_ids: tuple[int, ...]
     text: str
     index: int  # position of the first of token_ids in the completion
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, where the request asked for them
 
 
 class Finished(_Msg, frozen=True):
@@ -170,6 +190,7 @@ class Prefilled(_Msg, frozen=True):
     token: int
     seconds: float
     cached_tokens: int = 0  # prompt tokens the prompt cache gave (not computed)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class PrefillProgress(_Msg, frozen=True):
@@ -183,6 +204,7 @@ class PrefillProgress(_Msg, frozen=True):
 class Decoded(_Msg, frozen=True):
     tokens: tuple[int, ...]
     seconds: float
+    logprobs: tuple[tuple[TokenLogprob, ...], ...] = ()  # per sequence, where any asked for them
 
 
 class Quantization(msgspec.Struct, frozen=True, kw_only=True):
@@ -252,6 +274,7 @@ class Verified(_Msg, frozen=True):
     accepted: int
     emitted: tuple[int, ...]
     seconds: float
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class VerifyBatch(_Msg, frozen=True):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import socket
 import time
+from functools import lru_cache
 
 import msgspec
 from aiohttp import web
 
 from runtime.actor import Rejected
 from runtime.gateway import QUEUE_TIMEOUT, SlowClient, new_request_id, open_request
+from runtime.logprobs import TokenTexts
 from runtime.messages import ActorFailure, Cancelled, Failed, Finished, Submit, TokensEmitted
 from runtime.protocol import (
     ProtocolError, check_model, chat_messages, completion_prompt, decode_chat, decode_completion, sampling_params,
@@ -42,20 +44,32 @@ async def read_body(request: web.Request) -> bytes:
 class _Shape:
     """How one endpoint dresses its results: ids, object names, where the text goes."""
 
-    def __init__(self, chat: bool, model: str, rid: str, req):
+    def __init__(self, chat: bool, model: str, rid: str, req, texts: TokenTexts | None = None):
         self.chat, self.model, self.rid = chat, model, rid
         self.created = int(time.time())
         self.usage_chunk = bool(req.stream_options and req.stream_options.include_usage)
         self.echo = "" if chat or not req.echo else completion_prompt(req.prompt)  # completions: prompt first
+        self.texts = texts  # where the request asked for log-probabilities
+        self.offset = len(self.echo)  # completions' text_offset of the next token
 
-    def chunk(self, text: str, finish: str | None, first: bool, usage=None):
+    def logprobs(self, logprobs):
+        if self.texts is None:
+            return None
+        if self.chat:
+            return self.texts.chat(logprobs)
+        out = self.texts.completion(logprobs, self.offset)
+        self.offset = out.text_offset[-1] + len(out.tokens[-1]) if out.tokens else self.offset
+        return out
+
+    def chunk(self, text: str, finish: str | None, first: bool, usage=None, logprobs=()):
+        lp = self.logprobs(logprobs) if logprobs else None
         if self.chat:
             delta = Delta(role="assistant" if first else None, content=text if text or first else None)
             return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, usage=usage,
-                                       choices=[ChunkChoice(delta=delta, finish_reason=finish)])
+                                       choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=lp)])
         text = self.echo + text if first else text
         return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
-                          choices=[CompletionChoice(text=text, finish_reason=finish)])
+                          choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=lp)])
 
     def last(self, finish: str, first: bool, usage) -> list:
         """The finishing chunk, and the usage-only chunk where the request asked for it."""
@@ -65,12 +79,18 @@ class _Shape:
         return [self.chunk("", finish, first), cls(id=self.rid, created=self.created, model=self.model, choices=[],
                                                      usage=usage)]
 
-    def whole(self, text: str, finish: str, usage):
+    def whole(self, text: str, finish: str, usage, logprobs=()):
+        lp = self.logprobs(logprobs)
         if self.chat:
-            choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+            choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish, logprobs=lp)
             return ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=[choice], usage=usage)
         return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
-                          choices=[CompletionChoice(text=self.echo + text, finish_reason=finish)])
+                          choices=[CompletionChoice(text=self.echo + text, finish_reason=finish, logprobs=lp)])
+
+
+@lru_cache(maxsize=4)
+def token_texts(codec) -> TokenTexts:
+    return TokenTexts(codec)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -101,7 +121,8 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
         req, submit = _parse(request, await read_body(request), chat)
     except ProtocolError as e:
         return error_response(e.message, e.status, e.param)
-    shape = _Shape(chat, system.info.model_id, submit.request_id, req)
+    texts = token_texts(system.codec) if submit.params.logprobs is not None else None
+    shape = _Shape(chat, system.info.model_id, submit.request_id, req, texts)
     try:
         async with open_request(system, submit, request.app["config"].admission.max_queue_wait_s) as events:
             if req.stream:
@@ -124,13 +145,15 @@ def ended_error(event: Cancelled | Failed) -> tuple[str, int]:
 
 
 async def _collect(events, shape: _Shape) -> web.Response:
-    parts = []
+    parts, logprobs = [], []
     async for event in events:
         match event:
             case TokensEmitted():
                 parts.append(event.text)
+                logprobs += event.logprobs
             case Finished():
-                return web.json_response(body=_encode(shape.whole("".join(parts), event.finish_reason, event.usage)))
+                whole = shape.whole("".join(parts), event.finish_reason, event.usage, logprobs)
+                return web.json_response(body=_encode(whole))
             case Cancelled() | Failed():
                 return error_response(*ended_error(event))
     return error_response("request ended without a result", 500)
@@ -159,7 +182,7 @@ async def _sse_events(send, events, shape: _Shape) -> None:
     async for event in events:
         match event:
             case TokensEmitted():
-                await send(_sse(shape.chunk(event.text, None, first)))
+                await send(_sse(shape.chunk(event.text, None, first, logprobs=event.logprobs)))
                 first = False
             case Finished():
                 for chunk in shape.last(event.finish_reason, first, event.usage):

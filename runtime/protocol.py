@@ -24,12 +24,15 @@ MAX_MESSAGES = 2048  # a chat template renders every message: bound the work one
 MAX_ID_CHARS = 256
 SEED_RANGE = 1 << 63  # MLX's random keys take 0..2^63-1: any int64 seed is taken modulo this
 MODEL_ALIASES = ("default",)  # besides the served model's id
-EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt")
+EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt", "repetition_penalty")
+MAX_TOP_LOGPROBS = 20
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 Objective = Literal["latency", "energy", "balanced"]
 Identifier = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -84,8 +87,9 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None  # extra: vLLM's, over prompt and output
     logit_bias: dict[str, float] | None = None
 
 
@@ -95,7 +99,7 @@ class ChatRequest(_OpenAI, frozen=True, kw_only=True):
     safety_identifier: Identifier | None = None
     prompt_cache_key: Identifier | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -121,7 +125,7 @@ class CompletionRequest(_OpenAI, frozen=True, kw_only=True):
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: TopLogprobs | None = None
 
 
 class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
@@ -235,5 +239,21 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
                           top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens, stop=stop,
                           seed=None if req.seed is None else req.seed % SEED_RANGE, disable_mtp=req.disable_mtp,
                           objective=req.objective, conversation=conversation, cache_prompt=req.cache_prompt,
-                          cache_salt=req.cache_salt)
+                          cache_salt=req.cache_salt,
+                          presence_penalty=getattr(req, "presence_penalty", None) or 0.0,
+                          frequency_penalty=getattr(req, "frequency_penalty", None) or 0.0,
+                          repetition_penalty=getattr(req, "repetition_penalty", None) or 1.0,
+                          logprobs=requested_logprobs(req))
+
+
+def requested_logprobs(req) -> int | None:
+    """The alternatives per token a request asks for; None where it asks for no log-probabilities.
+    Chat: logprobs true, top_logprobs alternatives (OpenAI refuses top_logprobs without logprobs);
+    completions: logprobs is the number of alternatives."""
+    logprobs = getattr(req, "logprobs", None)
+    if not hasattr(req, "top_logprobs"):
+        return logprobs
+    if req.top_logprobs and not logprobs:
+        raise ProtocolError("top_logprobs needs logprobs: true", "top_logprobs")
+    return (req.top_logprobs or 0) if logprobs else None
 

@@ -28,6 +28,35 @@ class ErrorResponse(_Out, frozen=True, kw_only=True):
     error: ErrorObject
 
 
+class TopLogprob(_Out, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class LogprobEntry(_Out, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Out, frozen=True, kw_only=True):
+    """Chat's logprobs: one entry per emitted token (README "Log-probabilities")."""
+
+    content: list[LogprobEntry] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(_Out, frozen=True, kw_only=True):
+    """Text completions' legacy logprobs."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(_Out, frozen=True, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -37,7 +66,7 @@ class ChatChoice(_Out, frozen=True, kw_only=True):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(_Out, frozen=True, kw_only=True):
@@ -58,7 +87,7 @@ class ChunkChoice(_Out, frozen=True, kw_only=True):
     index: int = 0
     delta: Delta
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Out, frozen=True, kw_only=True):
@@ -77,7 +106,7 @@ class CompletionChoice(_Out, frozen=True, kw_only=True):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Out, frozen=True, kw_only=True):

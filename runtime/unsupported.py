@@ -20,14 +20,9 @@ class Unsupported(msgspec.Struct, frozen=True):
     reason: str
 
 
-_PENALTY = "penalties are not implemented"
 _TOOLS = "tool calling is not implemented"
 UNSUPPORTED = (
-    Unsupported("frequency_penalty", (None, 0), _PENALTY),
-    Unsupported("presence_penalty", (None, 0), _PENALTY),
     Unsupported("logit_bias", (None, {}), "logit bias is not implemented"),
-    Unsupported("logprobs", (None, False), "log-probabilities are not returned"),
-    Unsupported("top_logprobs", (None, 0), "log-probabilities are not returned"),
     Unsupported("tools", (None, []), _TOOLS),
     Unsupported("tool_choice", (None, "none", "auto"), _TOOLS),
     Unsupported("functions", (None, []), _TOOLS),

@@ -18,10 +18,13 @@ CASES = [
     ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
     # OpenAI fields this server does not implement: refused, never a silent 200.
-    ("logprobs", {**GOOD, "logprobs": True}, 400, "logprobs"),
+    ("logit bias", {**GOOD, "logit_bias": {"5": 2.0}}, 400, "logit_bias"),
+    ("top_logprobs without logprobs", {**GOOD, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("top_logprobs above 20", {**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("json mode", {**GOOD, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("tools", {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-    ("penalty", {**GOOD, "presence_penalty": 0.6}, 400, "presence_penalty"),
+    ("penalty out of range", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("repetition penalty zero", {**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("unknown field", {**GOOD, "top_k": 40}, 400, "top_k"),
     ("unknown model", {**GOOD, "model": "gpt-4o"}, 404, "model"),
 ]
@@ -94,8 +97,7 @@ def test_the_official_client_learns_which_field_was_refused(idle_server):
     import openai
 
     client = openai.OpenAI(base_url=idle_server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
-    calls = {"logprobs": {"logprobs": True}, "response_format": {"response_format": {"type": "json_object"}},
-             "frequency_penalty": {"frequency_penalty": 1.0},
+    calls = {"logit_bias": {"logit_bias": {"5": 2.0}}, "response_format": {"response_format": {"type": "json_object"}},
              "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}}
     for field, kwargs in calls.items():
         with pytest.raises(openai.BadRequestError) as e:

@@ -41,12 +41,12 @@ def test_request_fields_and_websocket_messages_are_all_documented():
 
 def test_unsupported_fields_list_only_their_neutral_values_and_limits_come_from_the_config():
     props = document(app(max_tokens_limit=8))["components"]["schemas"]["ChatRequest"]["properties"]
-    logprobs = next(u for u in UNSUPPORTED if u.field == "logprobs")
-    assert props["logprobs"]["enum"] == list(logprobs.neutral) and logprobs.reason in props["logprobs"]["description"]
+    logprobs = next(u for u in UNSUPPORTED if u.field == "logit_bias")
+    assert props["logit_bias"]["enum"] == list(logprobs.neutral) and logprobs.reason in props["logit_bias"]["description"]
     assert props["max_tokens"]["anyOf"][0]["maximum"] == 8
     assert MODEL in props["model"]["enum"]
     completion = document(app())["components"]["schemas"]["CompletionRequest"]["properties"]
-    assert completion["logprobs"]["enum"] == [None]  # an int there: false is not one of its values
+    assert completion["best_of"]["enum"] == [None, 1]
 
 
 def test_with_an_api_key_the_document_is_valid_and_names_the_bearer_scheme():

@@ -77,9 +77,9 @@ def test_every_field_of_the_openai_client_is_declared(kind, cls):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("logprobs", True), ("top_logprobs", 2), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_object"}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"42": 5}), ("store", True),
+    ("logit_bias", {"42": 5}), ("store", True),
     ("reasoning_effort", "high"), ("modalities", ["text", "audio"]), ("service_tier", "flex"),
 ])
 def test_an_unsupported_field_that_asks_for_something_is_a_400_naming_it(field, value):
@@ -110,10 +110,18 @@ def test_unknown_and_unsupported_nested_fields_are_named(body, param):
     assert e.value.param == param, e.value.message
 
 
-def test_completion_logprobs_zero_still_asks_for_logprobs():
+def test_logprobs_and_penalties_reach_the_sampling_params():
+    chat = decode_chat(msgspec.json.encode({**CHAT, "logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5,
+                                            "frequency_penalty": -1.0, "repetition_penalty": 1.2}))
+    p = sampling_params(chat)
+    assert (p.logprobs, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (3, 0.5, -1.0, 1.2)
+    assert sampling_params(decode_chat(msgspec.json.encode({**CHAT, "logprobs": True}))).logprobs == 0
+    assert sampling_params(decode_chat(msgspec.json.encode(CHAT))).logprobs is None
+    # completions: logprobs 0 asks for the chosen token's log-probability only
+    assert sampling_params(decode_completion(msgspec.json.encode({**COMPLETION, "logprobs": 0}))).logprobs == 0
     with pytest.raises(ProtocolError) as e:
-        decode_completion(msgspec.json.encode({**COMPLETION, "logprobs": 0}))
-    assert e.value.param == "logprobs"
+        sampling_params(decode_chat(msgspec.json.encode({**CHAT, "top_logprobs": 2})))
+    assert e.value.param == "top_logprobs"
 
 
 def test_non_text_content_parts_are_refused():
