@@ -101,12 +101,32 @@ class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache (OpenAI's field)
 
 
+class CompletionTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's usage.completion_tokens_details, where the speculation receipt is documented to live
+    (README "Usage"): its prediction counts are the drafts the target accepted and rejected."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    speculation: SpecReceipt = SpecReceipt()
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
-    speculation: SpecReceipt = SpecReceipt()
+    speculation: SpecReceipt = SpecReceipt()  # the same receipt, where clients before #15 read it
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+
+def make_usage(prompt_tokens: int, completion_tokens: int, receipt: SpecReceipt, cached_tokens: int = 0) -> Usage:
+    details = CompletionTokensDetails(accepted_prediction_tokens=receipt.accepted_tokens,
+                                      rejected_prediction_tokens=receipt.drafted_tokens - receipt.accepted_tokens,
+                                      speculation=receipt)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens), speculation=receipt,
+                 completion_tokens_details=details)
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):

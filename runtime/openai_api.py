@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import socket
-import time
 from functools import lru_cache
 
 import msgspec
 from aiohttp import web
 
 from runtime.actor import Rejected
-from runtime.gateway import QUEUE_TIMEOUT, SlowClient, new_request_id, open_request
+from runtime.choices import choice_submits, merged_usage, open_choices
+from runtime.gateway import QUEUE_TIMEOUT, SlowClient, new_request_id
 from runtime.logprobs import TokenTexts
 from runtime.messages import ActorFailure, Cancelled, Failed, Finished, Submit, TokensEmitted
 from runtime.protocol import (
     ProtocolError, check_model, chat_messages, completion_prompt, decode_chat, decode_completion, sampling_params,
 )
-from runtime.responses import (
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion, CompletionChoice,
-    Delta, error_body,
-)
+from runtime.responses import error_body
+from runtime.shapes import Answer, Shape
 
 _encode = msgspec.json.encode
 RETRY_AFTER_S = 1  # a 429's hint: slots free as requests end, usually within a few steps
@@ -41,53 +39,6 @@ async def read_body(request: web.Request) -> bytes:
         raise ProtocolError(f"request body is larger than {limit} bytes", None, 413) from None
 
 
-class _Shape:
-    """How one endpoint dresses its results: ids, object names, where the text goes."""
-
-    def __init__(self, chat: bool, model: str, rid: str, req, texts: TokenTexts | None = None):
-        self.chat, self.model, self.rid = chat, model, rid
-        self.created = int(time.time())
-        self.usage_chunk = bool(req.stream_options and req.stream_options.include_usage)
-        self.echo = "" if chat or not req.echo else completion_prompt(req.prompt)  # completions: prompt first
-        self.texts = texts  # where the request asked for log-probabilities
-        self.offset = len(self.echo)  # completions' text_offset of the next token
-
-    def logprobs(self, logprobs):
-        if self.texts is None:
-            return None
-        if self.chat:
-            return self.texts.chat(logprobs)
-        out = self.texts.completion(logprobs, self.offset)
-        self.offset = out.text_offset[-1] + len(out.tokens[-1]) if out.tokens else self.offset
-        return out
-
-    def chunk(self, text: str, finish: str | None, first: bool, usage=None, logprobs=()):
-        lp = self.logprobs(logprobs) if logprobs else None
-        if self.chat:
-            delta = Delta(role="assistant" if first else None, content=text if text or first else None)
-            return ChatCompletionChunk(id=self.rid, created=self.created, model=self.model, usage=usage,
-                                       choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=lp)])
-        text = self.echo + text if first else text
-        return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
-                          choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=lp)])
-
-    def last(self, finish: str, first: bool, usage) -> list:
-        """The finishing chunk, and the usage-only chunk where the request asked for it."""
-        if not self.usage_chunk:
-            return [self.chunk("", finish, first, usage)]
-        cls = ChatCompletionChunk if self.chat else Completion
-        return [self.chunk("", finish, first), cls(id=self.rid, created=self.created, model=self.model, choices=[],
-                                                     usage=usage)]
-
-    def whole(self, text: str, finish: str, usage, logprobs=()):
-        lp = self.logprobs(logprobs)
-        if self.chat:
-            choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish, logprobs=lp)
-            return ChatCompletion(id=self.rid, created=self.created, model=self.model, choices=[choice], usage=usage)
-        return Completion(id=self.rid, created=self.created, model=self.model, usage=usage,
-                          choices=[CompletionChoice(text=self.echo + text, finish_reason=finish, logprobs=lp)])
-
-
 @lru_cache(maxsize=4)
 def token_texts(codec) -> TokenTexts:
     return TokenTexts(codec)
@@ -102,7 +53,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 def _parse(request: web.Request, body: bytes, chat: bool):
-    """The request and its Submit, or a ProtocolError naming what is wrong."""
+    """The request and its Submit (choice 0's), or a ProtocolError naming what is wrong."""
     system, config = request.app["system"], request.app["config"]
     req = decode_chat(body) if chat else decode_completion(body)
     check_model(req.model, system.info.model_id)
@@ -122,12 +73,13 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     except ProtocolError as e:
         return error_response(e.message, e.status, e.param)
     texts = token_texts(system.codec) if submit.params.logprobs is not None else None
-    shape = _Shape(chat, system.info.model_id, submit.request_id, req, texts)
+    shape = Shape(chat, system.info.model_id, submit.request_id, req, texts)
+    submits = choice_submits(submit, req.n or 1)
     try:
-        async with open_request(system, submit, request.app["config"].admission.max_queue_wait_s) as events:
+        async with open_choices(system, submits, request.app["config"].admission.max_queue_wait_s) as events:
             if req.stream:
-                return await _stream(request, events, shape)
-            return await _collect(events, shape)
+                return await _stream(request, events, shape, len(submits))
+            return await _collect(events, shape, len(submits))
     except Rejected as e:
         return error_response(e.message, e.status, e.param)
     except ActorFailure as e:
@@ -144,22 +96,24 @@ def ended_error(event: Cancelled | Failed) -> tuple[str, int]:
     return f"request cancelled ({event.reason})", 503
 
 
-async def _collect(events, shape: _Shape) -> web.Response:
-    parts, logprobs = [], []
-    async for event in events:
+async def _collect(events, shape: Shape, n: int) -> web.Response:
+    answers = [Answer() for _ in range(n)]
+    async for i, event in events:
         match event:
             case TokensEmitted():
-                parts.append(event.text)
-                logprobs += event.logprobs
+                answers[i].parts.append(event.text)
+                answers[i].logprobs += event.logprobs
             case Finished():
-                whole = shape.whole("".join(parts), event.finish_reason, event.usage, logprobs)
-                return web.json_response(body=_encode(whole))
+                answers[i].finish, answers[i].usage = event.finish_reason, event.usage
+                if all(a.finish for a in answers):
+                    whole = shape.whole(answers, merged_usage([a.usage for a in answers]))
+                    return web.json_response(body=_encode(whole))
             case Cancelled() | Failed():
                 return error_response(*ended_error(event))
     return error_response("request ended without a result", 500)
 
 
-async def _stream(request: web.Request, events, shape: _Shape) -> web.StreamResponse:
+async def _stream(request: web.Request, events, shape: Shape, n: int) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     bound_output(request)
     await response.prepare(request)
@@ -169,7 +123,7 @@ async def _stream(request: web.Request, events, shape: _Shape) -> web.StreamResp
         await events.deliver(response.write(data), timeout)
 
     try:
-        await _sse_events(send, events, shape)
+        await _sse_events(send, events, shape, n)
         await send(b"data: [DONE]\n\n")
         await response.write_eof()
     except SlowClient:  # its request is cancelled as the handler leaves; nothing more can reach it
@@ -177,19 +131,23 @@ async def _stream(request: web.Request, events, shape: _Shape) -> web.StreamResp
     return response
 
 
-async def _sse_events(send, events, shape: _Shape) -> None:
-    first = True
-    async for event in events:
+async def _sse_events(send, events, shape: Shape, n: int) -> None:
+    first, usages = [True] * n, {}
+    async for i, event in events:
         match event:
             case TokensEmitted():
-                await send(_sse(shape.chunk(event.text, None, first, logprobs=event.logprobs)))
-                first = False
+                await send(_sse(shape.chunk(event.text, None, first[i], logprobs=event.logprobs, index=i)))
+                first[i] = False
             case Finished():
-                for chunk in shape.last(event.finish_reason, first, event.usage):
-                    await send(_sse(chunk))
+                usages[i] = event.usage
+                usage = merged_usage([usages[j] for j in range(n)]) if len(usages) == n else None
+                await send(_sse(shape.finishing(event.finish_reason, first[i], i, usage)))
+                if usage is not None and shape.usage_chunk:
+                    await send(_sse(shape.usage_only(usage)))
             case Cancelled() | Failed():
                 message, status = ended_error(event)
                 await send(b"data: " + error_body(message, status) + b"\n\n")
+                return  # the other choices are cancelled as the handler leaves
 
 
 def _sse(payload) -> bytes:

@@ -26,6 +26,7 @@ SEED_RANGE = 1 << 63  # MLX's random keys take 0..2^63-1: any int64 seed is take
 MODEL_ALIASES = ("default",)  # besides the served model's id
 EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt", "repetition_penalty")
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 8  # n: each choice is a sequence of its own in the scheduler
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 Objective = Literal["latency", "energy", "balanced"]
@@ -229,8 +230,8 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
     max_tokens = min(max_tokens_default, max_tokens_limit) if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= max_tokens_limit:
         raise ProtocolError(f"{field} must be in 1..{max_tokens_limit}, not {max_tokens}", field)
-    if getattr(req, "n", None) not in (None, 1):
-        raise ProtocolError("only n=1 is supported", "n")
+    if not 1 <= (getattr(req, "n", None) or 1) <= MAX_CHOICES:
+        raise ProtocolError(f"n must be in 1..{MAX_CHOICES}", "n")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # The conversation key groups requests whose acceptance evidence carries over (README).
     conversation = (req.conversation_id or getattr(req, "prompt_cache_key", None) or req.user

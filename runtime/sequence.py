@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.eligibility import ThinkProgress
-from runtime.messages import FinishReason, PromptTokensDetails, SamplingParams, SpecReceipt, Usage
+from runtime.messages import FinishReason, SamplingParams, SpecReceipt, Usage, make_usage
 from runtime.text import IncrementalText
 
 
@@ -155,9 +155,7 @@ class Sequence:
 
     def usage(self) -> Usage:
         prompt, completion = len(self.prompt_ids), len(self.output_ids)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
-                     speculation=self.spec.receipt())
+        return make_usage(prompt, completion, self.spec.receipt(), self.cached_tokens)
 
     def kept_tokens(self) -> tuple[int, ...]:
         """What the prompt cache may keep when it leaves: its prompt and output, unless it opted out

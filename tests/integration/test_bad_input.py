@@ -13,7 +13,7 @@ CASES = [
     ("empty messages", {**GOOD, "messages": []}, 400, "messages"),
     ("missing messages", {"max_tokens": 2}, 400, None),
     ("temperature out of range", {**GOOD, "temperature": 7}, 400, "temperature"),
-    ("n above one", {**GOOD, "n": 2}, 400, "n"),
+    ("n above eight", {**GOOD, "n": 9}, 400, "n"),
     ("unknown objective", {**GOOD, "objective": "fast"}, 400, "objective"),
     ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
