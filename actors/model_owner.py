@@ -145,7 +145,12 @@ class ModelOwner(Actor):
         p = msg.params
         if p.processed:
             self.engine.specs[msg.seq_id] = ProcessSpec(p.presence_penalty, p.frequency_penalty,
-                                                        p.repetition_penalty, p.logprobs)
+                                                        p.repetition_penalty, p.logprobs, self._matcher(p.grammar))
+
+    def _matcher(self, grammar: str | None):
+        from runtime.grammar import new_matcher, tokenizer_of_dir
+
+        return None if grammar is None else new_matcher(grammar, tokenizer_of_dir(str(self.model_path)))
 
     def _logprobs(self, seq_id: str) -> tuple[TokenLogprob, ...]:
         return tuple(TokenLogprob(token=t, logprob=lp, top=tuple((i, v) for i, v in alts))

@@ -84,7 +84,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         match msg:
             case Admitted():
                 text = IncrementalText(self.codec, msg.params.stop)
-                self.waiting.append(Sequence(msg.request_id, msg.prompt_ids, msg.params, text, msg.submitted_at))
+                self.waiting.append(Sequence(msg.request_id, msg.prompt_ids, msg.params, text, msg.submitted_at,
+                                             constraint=self.constraint(msg.params.grammar)))
                 self.mode.note_admitted(self.waiting[-1])
             case Cancel():
                 await self.cancel(msg.request_id, msg.reason)
@@ -120,6 +121,14 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
                 await self.spec_step(batch, choice)
         else:
             await self.plain_step(batch, chosen=choice.eligible > 0)
+
+    def constraint(self, grammar: str | None):
+        """The scheduler's matcher of a structured-output request (it cuts forbidden drafts)."""
+        if grammar is None:
+            return None
+        from runtime.grammar import Constraint, grammar_tokenizer
+
+        return Constraint(grammar, grammar_tokenizer(self.codec.tok, tuple(sorted(self.codec.eos_ids))))
 
     def describe(self) -> dict:
         return {"self_calibration": self.calibration.snapshot() if self.calibration else None,
@@ -237,6 +246,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         first = seq.first_token_at is None
         kept, delta = seq.accept(token_ids, self.codec.eos_ids)
         logprobs = tuple(logprobs[:len(kept)])
+        if seq.constraint is not None:
+            seq.constraint.advance(kept)
         seq.think = seq.think.advance(kept, self.policy.think_markers)
         self.policy.note_text(seq, delta)
         if first and kept:

@@ -98,6 +98,9 @@ class SpecStep:
         """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
         counts = [len(d.tokens) if d else 0 for d in drafts]
         keep = self.policy.allot(batch, [d.confidences if d else () for d in drafts], counts)
+        # Structured output: drafts the grammar forbids are cut here, never verified.
+        keep = [seq.constraint.allowed_prefix(d.tokens[:n]) if d and n and seq.constraint is not None else n
+                for seq, d, n in zip(batch, drafts, keep)]
         return [msgspec.structs.replace(d, tokens=d.tokens[:n], confidences=d.confidences[:n]) if d and n else None
                 for d, n in zip(drafts, keep)]
 

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.loader import output_head
-from kernels.processing import commit, note, processed
+from kernels.processing import blocks_lookahead, commit, note, processed
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -173,6 +173,8 @@ def start_ahead(engine, seq_ids: list[str]) -> None:
 
 
 def _start(engine, seq_ids: list[str]) -> None:
+    if any(blocks_lookahead(engine.seqs[s]) for s in seq_ids):
+        return  # a grammar's next mask needs this step's tokens read first
     saved = {s: (engine.seqs[s].last, engine.seqs[s].key,
                  engine.seqs[s].proc and engine.seqs[s].proc.snapshot()) for s in seq_ids}
     following = _plain_forward(engine, seq_ids)

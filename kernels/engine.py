@@ -16,7 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.loader import output_head
-from kernels.processing import Processor, ProcessSpec, commit, make_processor, note, processed
+from kernels.processing import Processor, ProcessSpec, blocks_lookahead, commit, make_processor, note, processed
 from kernels.sampling import probs_from_logits, sample
 
 
@@ -149,7 +149,7 @@ class Engine:
             return start_ahead(self, list(seq_ids))
         for seq_id in seq_ids:
             state = self.seqs.get(seq_id)
-            if state is not None and state.pending is None:
+            if state is not None and state.pending is None and not blocks_lookahead(state):
                 state.pending = self._step(state, state.last)
                 state.pending_logits = state.step_logits
                 mx.async_eval(state.pending)

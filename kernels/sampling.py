@@ -8,6 +8,8 @@ Results stay lazy `mx.array`s; callers decide when to evaluate and convert to Py
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 
 
@@ -89,7 +91,9 @@ def token_logprobs(logits: mx.array, token_ids: list[int], top: int) -> list[tup
         best = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top]
         best_lp = mx.take_along_axis(logprobs, best, axis=-1)
         mx.eval(chosen, best, best_lp)
-        tops = [sorted(zip(i, v), key=lambda pair: -pair[1]) for i, v in zip(best.tolist(), best_lp.tolist())]
+        # A grammar masks tokens to -inf: those are no alternatives.
+        tops = [sorted(((t, lp) for t, lp in zip(i, v) if lp > -math.inf), key=lambda pair: -pair[1])
+                for i, v in zip(best.tolist(), best_lp.tolist())]
     else:
         tops = [[] for _ in token_ids]
     return [(t, lp, alts) for t, lp, alts in zip(token_ids, chosen.tolist(), tops)]

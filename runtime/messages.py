@@ -32,6 +32,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # the alternatives per token to report; None: no log-probabilities
+    grammar: str | None = None  # llguidance grammar of response_format (runtime/grammar.py); None: free text
 
     @property
     def greedy(self) -> bool:
@@ -41,7 +42,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     def processed(self) -> bool:
         """Whether the owner processes this sequence's logits (penalties) or reports log-probabilities."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logprobs is not None)
+                    or self.logprobs is not None or self.grammar is not None)
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from runtime.grammar import grammar_for
 from runtime.messages import ChatMessage, SamplingParams
 from runtime.unsupported import UNSUPPORTED, ProtocolError, refuse_unsupported  # noqa: F401 (re-exported)
 
@@ -127,6 +128,7 @@ class CompletionRequest(_OpenAI, frozen=True, kw_only=True):
     best_of: int | None = None
     suffix: str | None = None
     logprobs: TopLogprobs | None = None
+    response_format: dict[str, Any] | None = None  # extra here (chat's field; vLLM takes it on completions too)
 
 
 class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
@@ -244,7 +246,8 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
                           presence_penalty=getattr(req, "presence_penalty", None) or 0.0,
                           frequency_penalty=getattr(req, "frequency_penalty", None) or 0.0,
                           repetition_penalty=getattr(req, "repetition_penalty", None) or 1.0,
-                          logprobs=requested_logprobs(req))
+                          logprobs=requested_logprobs(req),
+                          grammar=grammar_for(getattr(req, "response_format", None)))
 
 
 def requested_logprobs(req) -> int | None:

@@ -114,6 +114,7 @@ class Sequence:
     first_token_at: float | None = None
     think: ThinkProgress = field(default_factory=ThinkProgress)
     cached_tokens: int = 0  # prompt tokens the prompt cache gave
+    constraint: object = None  # structured output: a runtime.grammar.Constraint, else None
 
     def __post_init__(self) -> None:
         if _RECORDERS:  # empty unless something in this process asked to record steps

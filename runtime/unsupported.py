@@ -27,7 +27,6 @@ UNSUPPORTED = (
     Unsupported("tool_choice", (None, "none", "auto"), _TOOLS),
     Unsupported("functions", (None, []), _TOOLS),
     Unsupported("function_call", (None, "none", "auto"), _TOOLS),
-    Unsupported("response_format", (None, {"type": "text"}), "structured output (JSON mode) is not implemented"),
     Unsupported("audio", (None,), "this server produces text only"),
     Unsupported("modalities", (None, ["text"]), "this server produces text only"),
     Unsupported("prediction", (None,), "predicted outputs are not implemented"),

@@ -21,7 +21,9 @@ CASES = [
     ("logit bias", {**GOOD, "logit_bias": {"5": 2.0}}, 400, "logit_bias"),
     ("top_logprobs without logprobs", {**GOOD, "top_logprobs": 3}, 400, "top_logprobs"),
     ("top_logprobs above 20", {**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    ("json mode", {**GOOD, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("unknown response format", {**GOOD, "response_format": {"type": "xml"}}, 400, "response_format.type"),
+    ("schema that is no schema", {**GOOD, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objectx"}}}}, 400, "response_format.json_schema.schema"),
     ("tools", {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ("penalty out of range", {**GOOD, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("repetition penalty zero", {**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),
@@ -97,7 +99,7 @@ def test_the_official_client_learns_which_field_was_refused(idle_server):
     import openai
 
     client = openai.OpenAI(base_url=idle_server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
-    calls = {"logit_bias": {"logit_bias": {"5": 2.0}}, "response_format": {"response_format": {"type": "json_object"}},
+    calls = {"logit_bias": {"logit_bias": {"5": 2.0}},
              "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}}
     for field, kwargs in calls.items():
         with pytest.raises(openai.BadRequestError) as e:

@@ -77,7 +77,6 @@ def test_every_field_of_the_openai_client_is_declared(kind, cls):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("response_format", {"type": "json_object"}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
     ("logit_bias", {"42": 5}), ("store", True),
     ("reasoning_effort", "high"), ("modalities", ["text", "audio"]), ("service_tier", "flex"),
