@@ -40,12 +40,13 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
     def __init__(self, mode: SchedulerMode, owner: Actor, streamer: Actor, telemetry: Actor,
                  codec: TextCodec, policy: SpeculationPolicy | None = None,
                  drafter: Actor | None = None, verifier: Actor | None = None, watts_per_core: float = 10.0,
-                 budget: PrefillBudget | None = None, learning: Learning | None = None):
+                 budget: PrefillBudget | None = None, learning: Learning | None = None, forced_drafts: bool = True):
         super().__init__()  # its inbox bound: Config.actors
         self.mode, self.owner, self.streamer, self.telemetry = mode, owner, streamer, telemetry
         self.codec = codec
         self.policy = policy or SpeculationPolicy("none", 1)
         self.drafter, self.verifier = drafter, verifier
+        self.forced_drafts = forced_drafts  # structured output: the grammar's forced tokens as free drafts
         self.waiting: deque[Sequence] = deque()
         self.active: dict[str, Sequence] = {}
         self.steps = 0

@@ -60,7 +60,7 @@ class SpecStep:
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts:
                 seq.spec.note_verify(len(row.drafts), result.accepted, wall, drafted.confidences)
-                if controller is not None:
+                if controller is not None and not drafted.forced:
                     controller.record_outcome(seq, len(row.drafts), result.accepted)
             else:
                 seq.spec.plain_steps += 1
@@ -98,6 +98,7 @@ class SpecStep:
         """Keep the planner's share of each sequence's drafts (a prefix; None where it is zero)."""
         counts = [len(d.tokens) if d else 0 for d in drafts]
         keep = self.policy.allot(batch, [d.confidences if d else () for d in drafts], counts)
+        keep = [len(d.tokens) if d and d.forced else n for d, n in zip(drafts, keep)]  # forced: free, all kept
         # Structured output: drafts the grammar forbids are cut here, never verified.
         keep = [seq.constraint.allowed_prefix(d.tokens[:n]) if d and n and seq.constraint is not None else n
                 for seq, d, n in zip(batch, drafts, keep)]
@@ -108,8 +109,8 @@ class SpecStep:
         """Drafts for every sequence of the step (one ask for the batch); None where one does not
         speculate this step."""
         wanted = [(i, self.draft_request(seq, depth)) for i, (seq, depth) in enumerate(zip(batch, depths))]
-        wanted = [(i, d) for i, d in wanted if d is not None]
-        drafts: list[Drafted | None] = [None] * len(batch)
+        drafts: list[Drafted | None] = [self.forced(batch[i], d.k) if d is not None else None for i, d in wanted]
+        wanted = [(i, d) for i, d in wanted if d is not None and drafts[i] is None]
         if not wanted:
             return drafts
         replies = (await self.drafter.ask(wanted[0][1]),) if len(wanted) == 1 else \
@@ -117,6 +118,13 @@ class SpecStep:
         for (i, _), drafted in zip(wanted, replies):
             drafts[i] = drafted if drafted.tokens else None
         return drafts
+
+    def forced(self, seq: Sequence, k: int) -> Drafted | None:
+        """Structured output: the tokens the grammar forces next as this step's drafts, where any."""
+        if not self.forced_drafts or seq.constraint is None:
+            return None
+        tokens = tuple(seq.constraint.forced()[:k])
+        return Drafted(tokens=tokens, confidences=(), has_probs=False, seconds=0.0, forced=True) if tokens else None
 
     def draft_request(self, seq: Sequence, depth: int) -> Draft | None:
         k = min(depth, seq.remaining - 1)

@@ -115,6 +115,8 @@ class MtpDrafter:
     def commit(self, state, drafted: int, accepted: int, emitted: list[int]) -> None:
         d = self._own(state)
         hidden = d.pop("verify_hidden")
+        if d["unpaired"] is not None:  # verified without a propose (a grammar's forced drafts)
+            self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
         if accepted:  # (h of last, d_1), ..., (h of d_n-1, d_n): exact pairs
             self._add(d, hidden[:accepted], mx.array(emitted[:accepted], dtype=mx.uint32))
         d["unpaired"] = hidden[accepted]  # its next token is the new last, emitted[-1]
@@ -257,6 +259,11 @@ class DraftModelDrafter:
     def commit(self, state, drafted: int, accepted: int, emitted: list[int]) -> None:
         # The cache holds d_1..d_k-1 of the k proposed, whatever fewer the planner had verified.
         d = self._own(state)
+        if "proposed" not in d:  # verified without a propose (forced drafts): it saw none of the step
+            seen = [state.last.astype(mx.uint32).reshape(1)] + ([mx.array(emitted[:-1], dtype=mx.uint32)]
+                                                                 if emitted[:-1] else [])
+            d["unfed"], d["fed_last"] = d["unfed"] + seen, 0
+            return
         proposed = d.pop("proposed", drafted)
         keep = min(accepted, proposed - 1)
         for c in d["cache"]:

@@ -266,6 +266,7 @@ class Drafted(_Msg, frozen=True):
     confidences: tuple[float, ...]  # top-1 log-probabilities; empty for n-gram lookup
     has_probs: bool  # the drafter sampled from a distribution q that verification must use
     seconds: float
+    forced: bool = False  # the grammar's forced tokens, not a drafter's guess (kept out of its statistics)
 
 
 class DraftMany(_Msg, frozen=True):

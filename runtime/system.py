@@ -101,7 +101,7 @@ class System:
         budget = PrefillBudget(sched.prefill_steps_per_chunk, sched.prefill_floor, sched.prefill_ceiling)
         self.scheduler = Scheduler(make_mode(sched), self.owner, self.streamer, self.telemetry, self.codec, policy,
                                    self.drafter, self.verifier, watts_per_core=spec.watts_per_core, budget=budget,
-                                   learning=learning)
+                                   learning=learning, forced_drafts=spec.forced_drafts)
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
         self.streamer.admission = self.admission

@@ -155,3 +155,35 @@ def test_batched_rows_mix_grammar_and_free_sequences():
                 constraint.advance(emitted)
     got = outs["0"][:outs["0"].index(EOS) + 1]
     assert got == plain(model, PROMPTS[0])
+
+
+@pytest.mark.parametrize("kind", ["mtp", "draft-model"])
+def test_drafts_nobody_proposed_keep_plain_output_and_the_drafters_state(kind):
+    """Forced drafts are verified without asking the drafter: every other step verifies the target's
+    own continuation unproposed; the output is plain decode's, and the drafter then drafts as a
+    fresh one fed the committed history."""
+    from tests.unit.test_speculative_engine import plain as free_plain
+
+    model = tiny_llama(seed=4)
+    prompt = PROMPTS[1]
+    oracle = free_plain(model, prompt, N + 8)
+    engine = make_engine(kind, model)
+    out = [engine.prefill("s", prompt, 0.0, 1.0, None, True)]
+    step = 0
+    while len(out) < N:
+        step += 1
+        if step % 3 == 0:
+            out += engine.decode(["s"], [True])
+            continue
+        unproposed = step % 2 == 1
+        drafts = oracle[len(out):len(out) + 1 + step % 3] if unproposed else engine.propose("s", 2)[0]
+        accepted, emitted = engine.verify("s", drafts, use_draft_probs=not unproposed)
+        engine.rollback("s", len(drafts), accepted, emitted)
+        out += emitted
+    assert out[:N] == oracle[:N]
+    engine.settle(engine.seqs["s"])
+    fresh = make_engine(kind, model)
+    assert fresh.prefill("f", prompt + out[:-1], 0.0, 1.0, None, False) == out[-1]
+    assert engine.propose("s", 3)[0] == fresh.propose("f", 3)[0]
+    if kind == "mtp":  # the head absorbed every committed pair, none lost
+        assert engine.seqs["s"].drafter["cache"][0].offset == fresh.seqs["f"].drafter["cache"][0].offset
