@@ -270,7 +270,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
                       seconds=round(time.monotonic() - seq.submitted_at, 4))
         await self.observe("e2e_request_latency_seconds", time.monotonic() - seq.submitted_at)
         await self.streamer.tell(Finished(request_id=seq.request_id, finish_reason=seq.finish_reason,
-                                          usage=seq.usage()))
+                                          usage=seq.usage(), stop=seq.text.stop_hit))
 
     async def cancel(self, request_id: str, reason: str) -> None:
         seq = self.active.get(request_id) or next((s for s in self.waiting if s.request_id == request_id), None)

@@ -1,6 +1,7 @@
 """Bearer auth (--api-key / METRALE_API_KEY) and the warning for an open, unauthenticated bind.
 
-With a key set, every route but /health needs `Authorization: Bearer <key>` (the WebSocket route
+With a key set, every route but /health needs `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+as Anthropic's clients send it; the WebSocket route
 on its upgrade request, before any frame); anything else gets a 401 in OpenAI's error shape. The
 comparison is constant-time (hmac.compare_digest), so its timing says nothing about the key.
 """
@@ -26,6 +27,8 @@ def auth_middleware(api_key: str):
         if request.path in OPEN_ROUTES:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
+        if not given and "x-api-key" in request.headers:  # Anthropic's clients send the key so
+            given = f"Bearer {request.headers['x-api-key']}".encode()
         if not hmac.compare_digest(given, expected):
             response = error_response("missing or wrong API key: send the header "
                                       "'Authorization: Bearer <key>' with the server's --api-key", 401)

@@ -50,6 +50,7 @@ class RequestStream:
         self.first_deadline = first_deadline  # monotonic time by which the first event must come
         self.ended = False
         self.leave_reason = "client_gone"  # the Cancel reason if the caller leaves before the end
+        self.prompt_tokens = 0  # set once admitted
 
     async def deliver(self, sending, timeout: float) -> None:
         """Await one write to the client; one that cannot complete in timeout seconds (the client
@@ -130,7 +131,8 @@ async def _open(system, submit: Submit, max_wait_s: float | None) -> AsyncIterat
     stream = RequestStream(queue, system, submit.request_id, deadline)
     admitted = False
     try:
-        await system.admission.ask(submit)
+        reply = await system.admission.ask(submit)
+        stream.prompt_tokens = len(getattr(reply, "prompt_ids", ()))
         admitted = True
         yield stream
     finally:

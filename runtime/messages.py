@@ -151,6 +151,7 @@ class Finished(_Msg, frozen=True):
     request_id: str
     finish_reason: FinishReason
     usage: Usage
+    stop: str | None = None  # the stop string that ended it, where one did
 
 
 class Cancelled(_Msg, frozen=True):

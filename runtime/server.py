@@ -12,6 +12,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from runtime.anthropic_api import messages
 from runtime.auth import auth_middleware, warn_if_open
 from runtime.config import Config
 from runtime.dashboard import add_routes
@@ -32,6 +33,7 @@ def build_app(system: System, config: Config) -> web.Application:
     app["system"], app["config"] = system, config
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/ws", websocket)
     app.router.add_get("/health", health)

@@ -60,6 +60,7 @@ class IncrementalText:
         self._prefix = 0  # ids[_prefix:_read] decode to text already in self.text
         self._read = 0
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text
 
     def add(self, ids) -> str:
         """Feed new ids; returns the text that may be shown now. Sets .stopped on a stop string."""
@@ -93,6 +94,7 @@ class IncrementalText:
         if hits:
             self.stopped = True
             end = min(hits)
+            self.stop_hit = next(s for s in self.stop if self.text.find(s, start) == end)
         else:
             end = len(self.text) - self._holdback()
         delta = self.text[self.emitted:end]

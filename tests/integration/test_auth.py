@@ -106,3 +106,12 @@ async def test_the_openapi_document_says_how_to_authenticate(model_dir):
     assert doc["security"] == [{"bearer": []}] and doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "401" in doc["paths"]["/v1/completions"]["post"]["responses"]
+
+
+async def test_anthropic_clients_key_header_is_taken_too(model_dir):
+    async with Served(model_dir, api_key=KEY) as served:
+        body = {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        # the tiny model has no chat template: past the key check its answer is that 400, not a 401
+        for headers, status in (({"x-api-key": KEY}, 400), ({"x-api-key": "sk-wrong"}, 401), ({}, 401)):
+            async with served.http.post(served.url + "/v1/messages", json=body, headers=headers) as r:
+                assert r.status == status, await r.text()
