@@ -16,6 +16,7 @@ import msgspec
 
 from runtime.gateway import SlowClient, open_request
 from runtime.messages import SpecReceipt, Submit, Usage, make_usage
+from runtime.pacing import paced
 from runtime.protocol import SEED_RANGE
 
 
@@ -33,8 +34,8 @@ def choice_submits(submit: Submit, n: int) -> list[Submit]:
 class Choices:
     """The merged events of a request's choices; `deliver` as one RequestStream's."""
 
-    def __init__(self, streams):
-        self.streams = streams
+    def __init__(self, streams, pace: bool = False):
+        self.streams, self.pace = streams, pace
 
     async def deliver(self, sending, timeout: float) -> None:
         try:
@@ -47,12 +48,15 @@ class Choices:
     def __aiter__(self):
         return self._merged() if len(self.streams) > 1 else self._single()
 
+    def _source(self, stream):
+        return paced(stream) if self.pace else stream.__aiter__()
+
     async def _single(self):
-        async for event in self.streams[0]:
+        async for event in self._source(self.streams[0]):
             yield 0, event
 
     async def _merged(self):
-        iterators = [s.__aiter__() for s in self.streams]
+        iterators = [self._source(s) for s in self.streams]
         pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iterators)}
         try:
             while pending:
@@ -71,10 +75,11 @@ class Choices:
 
 
 @asynccontextmanager
-async def open_choices(system, submits: list[Submit], max_wait_s: float | None) -> AsyncIterator[Choices]:
+async def open_choices(system, submits: list[Submit], max_wait_s: float | None,
+                       pace: bool = False) -> AsyncIterator[Choices]:
     async with AsyncExitStack() as stack:
         streams = [await stack.enter_async_context(open_request(system, s, max_wait_s)) for s in submits]
-        yield Choices(streams)
+        yield Choices(streams, pace)
 
 
 def merged_usage(usages: list[Usage]) -> Usage:

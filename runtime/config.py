@@ -33,6 +33,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                                   "socket's send buffer, and as much again above it) before a write waits") = 1 << 16
     shutdown_timeout: doc(float, "on SIGTERM, in-flight requests may finish for this many seconds; the rest "
                                  "are then cancelled (shutdown)") = 30.0
+    stream_pacing: doc(bool, "streamed responses spread each burst of tokens over the measured inter-token "
+                             "interval (a request's stream_pacing overrides it)") = False
     log_format: doc(Literal["json", "console"], "trace log lines as JSON or human-readable") = "json"
     trace_file: doc(str | None, "write every speculation decision to this JSONL file as it is taken "
                                 "(`metrale replay` reads it)") = None

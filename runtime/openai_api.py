@@ -75,8 +75,10 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     texts = token_texts(system.codec) if submit.params.logprobs is not None else None
     shape = Shape(chat, system.info.model_id, submit.request_id, req, texts)
     submits = choice_submits(submit, req.n or 1)
+    config = request.app["config"]
+    pace = bool(req.stream) and (config.server.stream_pacing if req.stream_pacing is None else req.stream_pacing)
     try:
-        async with open_choices(system, submits, request.app["config"].admission.max_queue_wait_s) as events:
+        async with open_choices(system, submits, config.admission.max_queue_wait_s, pace) as events:
             if req.stream:
                 return await _stream(request, events, shape, len(submits))
             return await _collect(events, shape, len(submits))

@@ -14,7 +14,8 @@ import msgspec
 from aiohttp import web
 
 from runtime.protocol import (
-    EXTRAS, MODEL_ALIASES, UNSUPPORTED, ChatRequest, CompletionRequest, StreamOptions, WireMessage, WsMessage,
+    EXTRAS, MAX_CHOICES, MODEL_ALIASES, UNSUPPORTED, ChatRequest, CompletionRequest, StreamOptions, WireMessage,
+    WsMessage,
 )
 from runtime.responses import (
     ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, Health, ModelList, WsServerMessage,
@@ -31,7 +32,11 @@ _EXTRA_DOCS = {"disable_mtp": "extra: this request decodes plainly (no speculati
                "objective": "extra: what the planner optimises for this request",
                "conversation_id": "extra: groups the turns of one conversation (acceptance evidence carries over)",
                "cache_prompt": "extra: false keeps this request out of the prompt cache (it neither reuses nor is kept)",
-               "cache_salt": "extra: cached prefixes are shared only among requests with the same salt"}
+               "cache_salt": "extra: cached prefixes are shared only among requests with the same salt",
+               "repetition_penalty": "extra: a prompt or output token's logit divided by it (positive) or "
+                                     "multiplied (negative), as vLLM's",
+               "stream_pacing": "extra: spread speculation's bursts of tokens over the measured inter-token "
+                                "interval (unset: the server's --stream-pacing)"}
 
 
 def document(app: web.Application) -> dict:
@@ -94,9 +99,11 @@ def _refine(components: dict, max_tokens: int, models: list[str]) -> None:
                 props[name] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": max_tokens}, {"type": "null"}],
                                "default": None}
         for name, text in _EXTRA_DOCS.items():
-            props[name]["description"] = text
+            if name in props:  # WebSocket messages take the sampling extras only
+                props[name]["description"] = text
         if "n" in props:
-            props["n"] = {"enum": [None, 1], "default": None, "description": "one choice per request"}
+            props["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_CHOICES}, {"type": "null"}],
+                          "default": None, "description": "choices of the prompt, each its own sequence"}
         if "model" in props:
             props["model"] = {"enum": [None, *models], "default": None,
                               "description": "the served model's id or an alias; any other is a 404"}

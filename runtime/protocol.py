@@ -25,7 +25,8 @@ MAX_MESSAGES = 2048  # a chat template renders every message: bound the work one
 MAX_ID_CHARS = 256
 SEED_RANGE = 1 << 63  # MLX's random keys take 0..2^63-1: any int64 seed is taken modulo this
 MODEL_ALIASES = ("default",)  # besides the served model's id
-EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt", "repetition_penalty")
+EXTRAS = ("disable_mtp", "objective", "conversation_id", "cache_prompt", "cache_salt", "repetition_penalty",
+          "stream_pacing")
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 8  # n: each choice is a sequence of its own in the scheduler
 
@@ -92,6 +93,7 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None  # extra: vLLM's, over prompt and output
+    stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
     logit_bias: dict[str, float] | None = None
 
 

@@ -85,3 +85,15 @@ def test_penalties_change_greedy_output_identically_with_and_without_speculation
     chat_on, chat_off = both(client.chat.completions.create, model="default", messages=CHAT, temperature=0,
                              max_tokens=24, stream=False, **PENALTIES)
     assert chat_on.choices[0].message.content == chat_off.choices[0].message.content
+
+
+def test_paced_streams_carry_the_same_tokens_one_per_chunk(client):
+    kwargs = dict(model="default", messages=CHAT, temperature=0, max_tokens=48, stream=True, logprobs=True)
+    paced = [c for c in client.chat.completions.create(**kwargs, extra_body={"stream_pacing": True}) if c.choices]
+    plain = [c for c in client.chat.completions.create(**kwargs, extra_body={"stream_pacing": False}) if c.choices]
+    tokens = [[t.token for t in c.choices[0].logprobs.content] for c in paced if c.choices[0].logprobs]
+    assert all(len(t) == 1 for t in tokens)  # each burst split into one chunk per token
+    assert sum(tokens, []) == [t.token for c in plain if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in paced) == \
+        "".join(c.choices[0].delta.content or "" for c in plain)
+    assert any(len(c.choices[0].logprobs.content) > 1 for c in plain if c.choices[0].logprobs)  # it did burst
