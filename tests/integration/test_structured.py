@@ -1,6 +1,7 @@
 """response_format through the official openai client, on servers forced to speculate in each
-scheduler mode (serial with n-gram drafts, mtp_batch with the shipped MTP head, hyper with its tree
-executor): every answer parses and validates against its schema with jsonschema, and greedy answers
+scheduler mode (serial with n-gram drafts, mtp_batch with the shipped MTP head, hyper: its serial
+chain verify, which such requests take): every answer parses and validates against its schema with
+jsonschema, and greedy answers
 equal the same request with speculation off, whole and streamed."""
 
 import json
@@ -21,7 +22,8 @@ MODES = {"serial": ("--scheduler-mode", "serial", "--drafter", "ngram", "--mtp-g
                     "--spec-cost-model", "off", "--num-draft-tokens", "3"),
          "mtp_batch": ("--scheduler-mode", "mtp_batch", "--drafter", "mtp", "--mtp-gate", "force",
                        "--spec-cost-model", "off", "--num-draft-tokens", "3"),
-         "hyper": ("--scheduler-mode", "hyper", "--mtp-gate", "force")}
+         "hyper": ("--scheduler-mode", "hyper", "--mtp-gate", "force", "--spec-cost-model", "off",
+                   "--num-draft-tokens", "3")}
 
 
 @pytest.fixture(scope="module", params=list(MODES))
