@@ -1,8 +1,7 @@
 """response_format through the official openai client, on servers forced to speculate in each
 scheduler mode (serial with n-gram drafts, mtp_batch with the shipped MTP head, hyper: its serial
 chain verify, which such requests take): every answer parses and validates against its schema with
-jsonschema, and greedy answers
-equal the same request with speculation off, whole and streamed."""
+jsonschema, and greedy answers equal the same request with speculation off, whole and streamed."""
 
 import json
 
