@@ -67,7 +67,10 @@ class Admission(Actor):
         if msg.messages is not None:
             if not self.codec.has_chat_template:
                 raise Rejected("this model has no chat template: use /v1/completions", 400, "messages")
-            text = self.codec.chat_text(msg.messages)
+            if msg.tools and not self.codec.renders_tools:
+                raise Rejected("tools are not supported by this model's chat template (it does not render "
+                               "them): omit tools, or serve a model whose template takes them", 400, "tools")
+            text = self.codec.chat_text(msg.messages, msg.tools)
         else:
             text = msg.prompt or ""
         ids = self.codec.encode(text)

@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # tool_calls: set at the edge
 
 
 class _Msg(msgspec.Struct, frozen=True, tag=True, kw_only=True):
@@ -48,6 +48,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     content: str
+    tool_calls: tuple[dict, ...] | None = None  # an assistant turn's calls, as the client sent them
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
 
 # --- server -> admission -> scheduler ------------------------------------------------------
@@ -58,6 +60,7 @@ class Submit(_Msg, frozen=True):
     messages: tuple[ChatMessage, ...] | None = None  # chat completions
     prompt: str | None = None  # text completions
     submitted_at: float = 0.0
+    tools: tuple[dict, ...] = ()  # rendered through the chat template (runtime/tools.py)
 
 
 class Admitted(_Msg, frozen=True):

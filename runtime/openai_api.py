@@ -18,6 +18,7 @@ from runtime.protocol import (
 )
 from runtime.responses import error_body
 from runtime.shapes import Answer, Shape
+from runtime.tools import call_grammar, check_tools
 
 _encode = msgspec.json.encode
 RETRY_AFTER_S = 1  # a 429's hint: slots free as requests end, usually within a few steps
@@ -59,9 +60,15 @@ def _parse(request: web.Request, body: bytes, chat: bool):
     check_model(req.model, system.info.model_id)
     params = sampling_params(req, max_tokens_limit=config.admission.max_tokens_limit)
     rid = new_request_id("chatcmpl" if chat else "cmpl")
-    submit = (Submit(request_id=rid, params=params, messages=chat_messages(req.messages)) if chat
-              else Submit(request_id=rid, params=params, prompt=completion_prompt(req.prompt)))
-    return req, submit
+    if not chat:
+        return req, Submit(request_id=rid, params=params, prompt=completion_prompt(req.prompt))
+    tools, required = check_tools(req.tools, req.tool_choice)
+    if required is not None:  # a call is required: the grammar makes it well formed
+        if params.grammar is not None:
+            raise ProtocolError("give response_format or a required tool_choice, not both", "tool_choice")
+        params = msgspec.structs.replace(params, grammar=call_grammar(tools, required))
+    tools = () if req.tool_choice == "none" else tools
+    return req, Submit(request_id=rid, params=params, messages=chat_messages(req.messages), tools=tools)
 
 
 async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -73,7 +80,7 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     except ProtocolError as e:
         return error_response(e.message, e.status, e.param)
     texts = token_texts(system.codec) if submit.params.logprobs is not None else None
-    shape = Shape(chat, system.info.model_id, submit.request_id, req, texts)
+    shape = Shape(chat, system.info.model_id, submit.request_id, req, texts, tools=bool(submit.tools))
     submits = choice_submits(submit, req.n or 1)
     config = request.app["config"]
     pace = bool(req.stream) and (config.server.stream_pacing if req.stream_pacing is None else req.stream_pacing)

@@ -197,7 +197,9 @@ def check_model(requested: str | None, served: str) -> None:
 def chat_messages(messages: list[WireMessage]) -> tuple[ChatMessage, ...]:
     if not messages:
         raise ProtocolError("messages must not be empty", "messages")
-    return tuple(ChatMessage(role=m.role, content=_content_text(m.content, i)) for i, m in enumerate(messages))
+    return tuple(ChatMessage(role=m.role, content=_content_text(m.content, i),
+                             tool_calls=tuple(m.tool_calls) if m.tool_calls else None, tool_call_id=m.tool_call_id)
+                 for i, m in enumerate(messages))
 
 
 def _content_text(content, i: int) -> str:

@@ -57,9 +57,30 @@ class CompletionLogprobs(_Out, frozen=True, kw_only=True):
     text_offset: list[int]
 
 
-class AssistantMessage(_Out, frozen=True, kw_only=True):
+class FunctionCall(_Out, frozen=True, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(_Out, frozen=True, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(_Out, frozen=True, kw_only=True):
+    """A streamed call: each comes whole in one delta (name and all its arguments)."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(_Out, frozen=True, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Out, frozen=True, kw_only=True):
@@ -81,6 +102,7 @@ class ChatCompletion(_Out, frozen=True, kw_only=True):
 class Delta(_Out, frozen=True, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(_Out, frozen=True, kw_only=True):

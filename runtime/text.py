@@ -36,9 +36,17 @@ class TextCodec:
     def has_chat_template(self) -> bool:
         return self.tok.chat_template is not None
 
-    def chat_text(self, messages: tuple[ChatMessage, ...]) -> str:
-        rendered = [{"role": m.role, "content": m.content} for m in messages]
-        return self.tok.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False)
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template takes a tools list (it names the variable)."""
+        return "tools" in (self.tok.chat_template or "")
+
+    def chat_text(self, messages: tuple[ChatMessage, ...], tools: tuple[dict, ...] = ()) -> str:
+        rendered = [{"role": m.role, "content": m.content,
+                     **({"tool_calls": list(m.tool_calls)} if m.tool_calls else {}),
+                     **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in messages]
+        extra = {"tools": list(tools)} if tools else {}
+        return self.tok.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
 
     def encode(self, text: str) -> list[int]:
         # As mlx-lm does: no BOS added when the text already starts with it (a rendered template).

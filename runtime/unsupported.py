@@ -20,11 +20,9 @@ class Unsupported(msgspec.Struct, frozen=True):
     reason: str
 
 
-_TOOLS = "tool calling is not implemented"
+_TOOLS = "the deprecated functions API is not implemented: use tools"
 UNSUPPORTED = (
     Unsupported("logit_bias", (None, {}), "logit bias is not implemented"),
-    Unsupported("tools", (None, []), _TOOLS),
-    Unsupported("tool_choice", (None, "none", "auto"), _TOOLS),
     Unsupported("functions", (None, []), _TOOLS),
     Unsupported("function_call", (None, "none", "auto"), _TOOLS),
     Unsupported("audio", (None,), "this server produces text only"),
@@ -45,8 +43,6 @@ UNSUPPORTED = (
     Unsupported("suffix", (None, ""), "insertion (suffix) is not implemented"),
     Unsupported("stream_options.include_obfuscation", (None, False), "stream obfuscation is not implemented"),
     Unsupported("messages[].name", (None,), "the chat template has no speaker names"),
-    Unsupported("messages[].tool_calls", (None, []), _TOOLS),
-    Unsupported("messages[].tool_call_id", (None,), _TOOLS),
     Unsupported("messages[].function_call", (None,), _TOOLS),
     Unsupported("messages[].audio", (None,), "this server takes text only"),
     Unsupported("messages[].refusal", (None,), "refusal messages are not implemented"),

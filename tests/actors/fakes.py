@@ -16,6 +16,7 @@ class CharCodec:
     eos_ids = frozenset({EOS})
     think_ids = None
     has_chat_template = True
+    renders_tools = False
 
     def decode(self, ids) -> str:
         return "".join(chr(ord("a") + (i - 1) % 26) for i in ids)
@@ -23,7 +24,7 @@ class CharCodec:
     def encode(self, text: str) -> list[int]:
         return [ord(c) - ord("a") + 1 for c in text if c.isalpha()]
 
-    def chat_text(self, messages) -> str:
+    def chat_text(self, messages, tools=()) -> str:
         return "".join(m.content for m in messages)
 
 
