@@ -250,6 +250,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         if seq.constraint is not None:
             seq.constraint.advance(kept)
         seq.think = seq.think.advance(kept, self.policy.think_markers)
+        seq.content.advance(delta)
         self.policy.note_text(seq, delta)
         if first and kept:
             self.log.info("first_token", request_id=seq.request_id, step=self.steps,

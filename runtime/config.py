@@ -106,6 +106,7 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     exploration_share: doc(float, "steps that speculate to learn may cost this share of plain decode time") = 0.01
     forced_drafts: doc(bool, "structured output: in a speculative step, tokens the grammar forces are the "
                              "drafts (free: no drafter forward)") = True
+    suppress_tool_call: doc(bool, "a sequence inside a <tool_call> block decodes plainly (spec/mtp_gate.md)") = False
 
 
 class ActorsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from runtime.content_phase import PhaseTracker
 from runtime.eligibility import ThinkProgress
 from runtime.messages import FinishReason, SamplingParams, SpecReceipt, Usage, make_usage
 from runtime.text import IncrementalText
@@ -115,6 +116,7 @@ class Sequence:
     think: ThinkProgress = field(default_factory=ThinkProgress)
     cached_tokens: int = 0  # prompt tokens the prompt cache gave
     constraint: object = None  # structured output: a runtime.grammar.Constraint, else None
+    content: PhaseTracker = field(default_factory=PhaseTracker)  # where its text stands (a tool call?)
 
     def __post_init__(self) -> None:
         if _RECORDERS:  # empty unless something in this process asked to record steps

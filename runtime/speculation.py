@@ -40,8 +40,9 @@ class SpeculationPolicy:
     def __init__(self, drafter: str, k: int, setting: GateSetting | str | None = None, *,
                  controller: OnlineController | None = None, pin_tokens: int | None = DEFAULT_ENTRY_PIN_TOKENS,
                  spec_think: bool = False, resume_guard: int = 0, think_markers: ThinkMarkers = ThinkMarkers(),
-                 mtp_max_seqs: int = 32, gate_config: GateConfig = GateConfig()):
+                 mtp_max_seqs: int = 32, gate_config: GateConfig = GateConfig(), suppress_tool_call: bool = False):
         self.drafter, self.k, self.mtp_max_seqs = drafter, k, mtp_max_seqs
+        self.suppress_tool_call = suppress_tool_call  # spec/mtp_gate.md: a sequence in a tool call decodes plainly
         self.setting = GateSetting.OFF if drafter == "none" else GateSetting(setting or "auto")
         self.controller = controller
         self.gate = MtpGate(gate_config) if self.setting is GateSetting.AUTO and controller is None else None
@@ -67,8 +68,9 @@ class SpeculationPolicy:
         # sampled request decodes plainly so its seed reproduces its output.
         if self.setting is GateSetting.AUTO and seq.params.seed is not None and not seq.params.greedy:
             return False
+        in_call = self.suppress_tool_call and seq.content.in_tool
         return spec_dispatch_eligible(seq.think, resume_guard=self.resume_guard, spec_think=self.spec_think,
-                                      disable_mtp=seq.params.disable_mtp)
+                                      suppress_tool_call=in_call, disable_mtp=seq.params.disable_mtp)
 
     def choose(self, batch, context_depth: int, ahead: bool = False) -> StepChoice:
         """The step to run for this batch. Sequences not eligible take plain rows in a speculative step.

@@ -97,7 +97,7 @@ class System:
         policy = SpeculationPolicy(info.drafter, spec.num_draft_tokens, spec.mtp_gate, controller=controller,
                                    think_markers=markers, pin_tokens=spec.entry_pin_tokens,
                                    spec_think=bool(spec.spec_think), mtp_max_seqs=sched.mtp_max_seqs,
-                                   gate_config=self.config.gate)
+                                   gate_config=self.config.gate, suppress_tool_call=spec.suppress_tool_call)
         budget = PrefillBudget(sched.prefill_steps_per_chunk, sched.prefill_floor, sched.prefill_ceiling)
         self.scheduler = Scheduler(make_mode(sched), self.owner, self.streamer, self.telemetry, self.codec, policy,
                                    self.drafter, self.verifier, watts_per_core=spec.watts_per_core, budget=budget,

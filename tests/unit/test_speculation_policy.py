@@ -123,3 +123,15 @@ def test_a_step_never_explores_over_a_lookahead_in_flight():
     assert policy.choose([s], 10, ahead=True).step is GateStep.PLAIN  # exploring would drop that step
     assert not policy.next_is_plain([s])  # so the step before an exploration starts no lookahead
     assert policy.choose([s], 10, ahead=False).exploring
+
+
+def test_suppress_tool_call_keeps_a_sequence_inside_a_call_plain():
+    from runtime.content_phase import PhaseTracker
+
+    inside, outside = seq(100), seq(100)
+    inside.content, outside.content = PhaseTracker(), PhaseTracker()
+    inside.content.advance('Sure. <tool_call>{"name": "f"')
+    outside.content.advance('<tool_call>{"name": "f"}</tool_call> done')
+    suppressing = SpeculationPolicy("ngram", 3, "force", suppress_tool_call=True)
+    assert not suppressing.eligible(inside) and suppressing.eligible(outside)
+    assert SpeculationPolicy("ngram", 3, "force").eligible(inside)  # off by default
