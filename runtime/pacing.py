@@ -4,9 +4,9 @@ pacing spreads them over the measured inter-token interval so a reader sees an e
 The policy (Pacer) is pure. It measures two EWMAs over bursts: the gap between bursts and the tokens
 per burst; their ratio is the interval at which tokens really come. Tokens go out one interval apart
 (a token bucket at the measured rate), each as soon as it arrives if the bucket is idle, and none is
-held longer than one measured gap after it arrived (or than the token before it, to keep order). The terminal event releases whatever is still
-held at once, before it: the last token of a response is never delayed, and pacing adds nothing to
-its total time. `paced` applies it to a request's event stream, splitting each burst's text evenly
+held longer than one measured gap after it arrived (or than the token before it, to keep order).
+The terminal event releases whatever is still held at once, before it: the last token of a response
+is never delayed, and pacing adds nothing to its total time. `paced` applies it to a request's event stream, splitting each burst's text evenly
 into one piece per token (its log-probabilities go with their token).
 """
 

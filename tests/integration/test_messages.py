@@ -40,8 +40,8 @@ def test_system_prompt_stop_sequences_and_max_tokens(client):
     cut = client.messages.create(model="default", max_tokens=3, messages=CAPITAL, extra_body=GREEDY,
                                  system="You answer in one word.")
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
-    blocks = client.messages.create(model="default", max_tokens=32, extra_body=GREEDY,
-                                    messages=[{"role": "user", "content": [{"type": "text", "text": CAPITAL[0]["content"]}]}])
+    text_blocks = [{"role": "user", "content": [{"type": "text", "text": CAPITAL[0]["content"]}]}]
+    blocks = client.messages.create(model="default", max_tokens=32, extra_body=GREEDY, messages=text_blocks)
     assert blocks.content[0].text == "The capital of France is Paris."
 
 

@@ -25,7 +25,8 @@ WEATHER = {"type": "object", "additionalProperties": False, "required": ["city",
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                           "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                                           "parameters": {"type": "object", "required": ["city"],
+                                                          "additionalProperties": False,
                                                           "properties": {"city": {"type": "string", "maxLength": 30}}}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -74,8 +75,8 @@ def test_a_named_call_and_its_stream(client):
 
 
 def test_a_conversation_with_tool_turns_renders_and_auto_may_answer(client):
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                             "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}
+    arguments = json.dumps({"city": "Paris", "unit": "celsius"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
     messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"}]
     reply = ask(client, messages=messages, tool_choice="auto")

@@ -41,8 +41,8 @@ def test_request_fields_and_websocket_messages_are_all_documented():
 
 def test_unsupported_fields_list_only_their_neutral_values_and_limits_come_from_the_config():
     props = document(app(max_tokens_limit=8))["components"]["schemas"]["ChatRequest"]["properties"]
-    logprobs = next(u for u in UNSUPPORTED if u.field == "logit_bias")
-    assert props["logit_bias"]["enum"] == list(logprobs.neutral) and logprobs.reason in props["logit_bias"]["description"]
+    bias = next(u for u in UNSUPPORTED if u.field == "logit_bias")
+    assert props["logit_bias"]["enum"] == list(bias.neutral) and bias.reason in props["logit_bias"]["description"]
     assert props["max_tokens"]["anyOf"][0]["maximum"] == 8
     assert MODEL in props["model"]["enum"]
     completion = document(app())["components"]["schemas"]["CompletionRequest"]["properties"]

@@ -100,7 +100,8 @@ def test_neutral_values_of_unsupported_fields_are_accepted():
     ({**CHAT, "top_k": 5}, "top_k"),  # another server's extra: refused, not ignored
     ({"messages": [{"role": "user", "content": "x", "weight": 1}]}, "messages[0].weight"),
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
-    ({"messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]}, "messages[0].function_call"),
+    ({"messages": [{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]},
+     "messages[0].function_call"),
     ({**CHAT, "stream_options": {"include_usage": True, "chunk": 1}}, "stream_options.chunk"),
 ])
 def test_unknown_and_unsupported_nested_fields_are_named(body, param):
