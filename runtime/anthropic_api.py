@@ -50,7 +50,6 @@ class MessagesRequest(_Wire, frozen=True, kw_only=True):
     stop_sequences: Annotated[list[Stop], Meta(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
     disable_mtp: bool = False  # extra, as on the OpenAI endpoints
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
+from runtime.anthropic_api import MessagesRequest
 from runtime.protocol import (
     EXTRAS, MAX_CHOICES, MODEL_ALIASES, UNSUPPORTED, ChatRequest, CompletionRequest, StreamOptions, WireMessage,
     WsMessage,
@@ -43,10 +44,14 @@ def document(app: web.Application) -> dict:
     config, info = app["config"], app["system"].info
     named = {"WsClientMessage": WsMessage, "WsServerMessage": WsServerMessage}
     types = [ChatRequest, CompletionRequest, ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse,
-             ModelList, Health, *named.values()]
+             ModelList, Health, MessagesRequest, *named.values()]
     schemas, components = msgspec.json.schema_components(types, ref_template=REF)
     components.update({name: schema for name, schema in zip(named, schemas[-len(named):])})
+    components["AnthropicError"] = ANTHROPIC_ERROR
+    _refine_messages(components, config.admission.max_tokens_limit, [info.model_id, *MODEL_ALIASES])
     _refine(components, config.admission.max_tokens_limit, [info.model_id, *MODEL_ALIASES])
+    codec = getattr(app["system"], "codec", None)  # a test's stand-in system may have none
+    _refine_tools(components["ChatRequest"]["properties"], bool(codec and codec.renders_tools))
     paths = _paths()
     for path, methods in _routes(app).items():
         for method, handler in methods.items():
@@ -109,6 +114,11 @@ def _refine(components: dict, max_tokens: int, models: list[str]) -> None:
                               "description": "the served model's id or an alias; any other is a 404"}
     for owner in ("ChatRequest", "WsGenerate"):
         components[owner]["properties"]["messages"].setdefault("minItems", 1)
+    for owner in ("ChatRequest", "CompletionRequest"):
+        components[owner]["properties"]["response_format"] = RESPONSE_FORMAT
+    # top_logprobs asks for log-probabilities: with logprobs false it is a contradiction (a 400)
+    components["ChatRequest"]["not"] = {"required": ["logprobs", "top_logprobs"],
+                                        "properties": {"logprobs": {"const": False}, "top_logprobs": {"minimum": 1}}}
     part = components["ContentPart"]["properties"]
     part["type"] = {"enum": ["text"]}
     for name in ("image_url", "input_audio", "file", "refusal"):
@@ -119,6 +129,44 @@ def _refine(components: dict, max_tokens: int, models: list[str]) -> None:
         "anyOf": [{"type": "string", "minLength": 1},
                   {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}],
         "description": "one text prompt (a list holds exactly one)"}
+
+
+# A json_schema's schema may be any JSON schema; the document shows simple ones (a fuzzer's random
+# objects would be schemas no grammar can be compiled from: a 400 naming the field).
+_SIMPLE_SCHEMA = {"type": "object", "additionalProperties": False,
+                  "properties": {"type": {"enum": ["object", "string", "integer", "number", "boolean", "array"]}}}
+RESPONSE_FORMAT = {"anyOf": [
+    {"type": "object", "required": ["type"], "additionalProperties": False,
+     "properties": {"type": {"enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"], "additionalProperties": False,
+     "properties": {"type": {"const": "json_schema"}, "json_schema": {
+         "type": "object", "required": ["name"], "additionalProperties": False,
+         "properties": {"name": {"type": "string"}, "strict": {"type": "boolean"}, "schema": _SIMPLE_SCHEMA}}}},
+    {"type": "null"}], "default": None,
+    "description": "structured output: an llguidance grammar masks every path (README \"OpenAI features\")"}
+
+
+def _refine_tools(props: dict, renders_tools: bool) -> None:
+    """The tools and tool_choice shapes runtime/tools.py takes (their wire types are plain dicts); a
+    model whose chat template renders no tools takes none (a 400 names tools)."""
+    if not renders_tools:
+        props["tools"] = {"enum": [None, []], "default": None,
+                          "description": "this model's chat template renders no tools"}
+        props["tool_choice"] = {"enum": [None, "none", "auto"], "default": None,
+                                "description": "this model's chat template renders no tools"}
+        return
+    function = {"type": "object", "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1}, "description": {"type": "string"},
+                               "parameters": {"type": "object"}}}
+    props["tools"] = {"anyOf": [{"type": "array", "items": {
+        "type": "object", "required": ["type", "function"], "additionalProperties": False,
+        "properties": {"type": {"const": "function"}, "function": function}}}, {"type": "null"}], "default": None}
+    named = {"type": "object", "required": ["type", "function"],
+             "properties": {"type": {"const": "function"}, "function": {
+                 "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
+    props["tool_choice"] = {"anyOf": [{"enum": ["none", "auto", "required"]}, named, {"type": "null"}],
+                            "default": None, "description": "required or a named function: one call, constrained "
+                                                            "to the function's parameters; a name must be a tool's"}
 
 
 def _typed(values: tuple, owner: str, name: str) -> list:
@@ -156,6 +204,44 @@ def _completion(summary: str, request: str, whole: str, chunk: str) -> dict:
                                    **_errors("400", "404", "413", "429", "503")}}}
 
 
+# /v1/messages answers in Anthropic's error shape (a 413 or 404 from the server itself in OpenAI's).
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"],
+                   "properties": {"type": {"const": "error"},
+                                  "error": {"type": "object", "required": ["type", "message"],
+                                            "properties": {"type": {"type": "string"},
+                                                           "message": {"type": "string"}}}}}
+
+
+def _refine_messages(components: dict, max_tokens: int, models: list[str]) -> None:
+    """What MessagesRequest's types cannot say: text blocks only, the limits, the refused fields."""
+    text = {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "type": "object", "required": ["type", "text"], "additionalProperties": False,
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
+    components["AnthropicMessage"]["properties"]["content"] = text
+    props = components["MessagesRequest"]["properties"]
+    props["system"] = {"anyOf": [text, {"type": "null"}], "default": None}
+    props["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
+    props["model"] = {"enum": models, "description": "the served model's id or an alias; any other is a 404"}
+    for name in ("tools", "tool_choice", "thinking", "top_k"):
+        props[name] = {"type": "null", "default": None, "description": "not supported: a 400 names it"}
+
+
+def _messages() -> dict:
+    either = {"anyOf": [{"$ref": REF.format(name="AnthropicError")}, {"$ref": REF.format(name="ErrorResponse")}]}
+    errors = {code: {"description": _ERRORS[code], "content": {"application/json": {"schema": either}}}
+              for code in ("400", "404", "413", "429", "503")}
+    body = {"application/json": {"schema": {"type": "object", "description": "an Anthropic-style message"}},
+            "text/event-stream": {"schema": {"type": "object", "required": ["event", "data"],
+                                             "properties": {"event": {"type": "string"},
+                                                            "data": {"type": "string",
+                                                                     "contentMediaType": "application/json"}}},
+                                  "description": "stream=true: message_start ... message_stop events"}}
+    return {"post": {"summary": "Anthropic-style messages (README \"Anthropic-style messages\")",
+                     "requestBody": {"required": True, "content": _json("MessagesRequest")},
+                     "responses": {"200": {"description": "the message, whole or as server-sent events",
+                                           "content": body}, **errors}}}
+
+
 def _paths() -> dict:
     ws = ("A WebSocket (send Upgrade: websocket). Client frames are WsClientMessage (generate, cancel), "
           "server frames WsServerMessage (tokens, then done or error, per request id); several requests may "
@@ -163,6 +249,7 @@ def _paths() -> dict:
     return {
         "/v1/chat/completions": _completion("chat completion", "ChatRequest", "ChatCompletion", "ChatCompletionChunk"),
         "/v1/completions": _completion("text completion", "CompletionRequest", "Completion", "Completion"),
+        "/v1/messages": _messages(),
         "/v1/models": {"get": {"summary": "the served model",
                                "responses": {"200": {"description": "one model", "content": _json("ModelList")}}}},
         "/v1/ws": {"get": {"summary": "token streaming over WebSocket", "description": ws,

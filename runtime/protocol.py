@@ -87,7 +87,7 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     """What chat and text completions share beyond the sampling fields."""
 
     model: str | None = None
-    n: int | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     frequency_penalty: Penalty | None = None
@@ -236,8 +236,6 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
     max_tokens = min(max_tokens_default, max_tokens_limit) if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= max_tokens_limit:
         raise ProtocolError(f"{field} must be in 1..{max_tokens_limit}, not {max_tokens}", field)
-    if not 1 <= (getattr(req, "n", None) or 1) <= MAX_CHOICES:
-        raise ProtocolError(f"n must be in 1..{MAX_CHOICES}", "n")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     # The conversation key groups requests whose acceptance evidence carries over (README).
     conversation = (req.conversation_id or getattr(req, "prompt_cache_key", None) or req.user
@@ -261,7 +259,7 @@ def requested_logprobs(req) -> int | None:
     logprobs = getattr(req, "logprobs", None)
     if not hasattr(req, "top_logprobs"):
         return logprobs
-    if req.top_logprobs and not logprobs:
-        raise ProtocolError("top_logprobs needs logprobs: true", "top_logprobs")
-    return (req.top_logprobs or 0) if logprobs else None
+    if req.top_logprobs and logprobs is False:
+        raise ProtocolError("top_logprobs asks for log-probabilities, logprobs false for none", "top_logprobs")
+    return (req.top_logprobs or 0) if logprobs or req.top_logprobs else None
 

@@ -19,7 +19,7 @@ CASES = [
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
     # OpenAI fields this server does not implement: refused, never a silent 200.
     ("logit bias", {**GOOD, "logit_bias": {"5": 2.0}}, 400, "logit_bias"),
-    ("top_logprobs without logprobs", {**GOOD, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("top_logprobs with logprobs false", {**GOOD, "logprobs": False, "top_logprobs": 3}, 400, "top_logprobs"),
     ("top_logprobs above 20", {**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("unknown response format", {**GOOD, "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ("schema that is no schema", {**GOOD, "response_format": {"type": "json_schema", "json_schema": {

@@ -119,8 +119,9 @@ def test_logprobs_and_penalties_reach_the_sampling_params():
     assert sampling_params(decode_chat(msgspec.json.encode(CHAT))).logprobs is None
     # completions: logprobs 0 asks for the chosen token's log-probability only
     assert sampling_params(decode_completion(msgspec.json.encode({**COMPLETION, "logprobs": 0}))).logprobs == 0
+    assert sampling_params(decode_chat(msgspec.json.encode({**CHAT, "top_logprobs": 2}))).logprobs == 2
     with pytest.raises(ProtocolError) as e:
-        sampling_params(decode_chat(msgspec.json.encode({**CHAT, "top_logprobs": 2})))
+        sampling_params(decode_chat(msgspec.json.encode({**CHAT, "logprobs": False, "top_logprobs": 2})))
     assert e.value.param == "top_logprobs"
 
 
