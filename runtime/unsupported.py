@@ -38,6 +38,8 @@ UNSUPPORTED = (
                 "(--prompt-cache-size, --prompt-cache-bytes); per request: cache_prompt, cache_salt"),
     Unsupported("prompt_cache_options", (None,), "the prompt cache's bounds are the server's "
                 "(--prompt-cache-size, --prompt-cache-bytes); per request: cache_prompt, cache_salt"),
+    Unsupported("parallel_tool_calls", (None, True), "every tool call the model writes is returned; "
+                "limiting a turn to one call is not implemented (tool_choice names one function)"),
     Unsupported("moderation", (None,), "moderation is not available"),
     Unsupported("best_of", (None, 1), "one completion per request"),
     Unsupported("suffix", (None, ""), "insertion (suffix) is not implemented"),

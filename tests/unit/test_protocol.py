@@ -80,6 +80,7 @@ def test_every_field_of_the_openai_client_is_declared(kind, cls):
     ("functions", [{"name": "f"}]), ("function_call", "auto_call"),
     ("logit_bias", {"42": 5}), ("store", True),
     ("reasoning_effort", "high"), ("modalities", ["text", "audio"]), ("service_tier", "flex"),
+    ("parallel_tool_calls", False),
 ])
 def test_an_unsupported_field_that_asks_for_something_is_a_400_naming_it(field, value):
     with pytest.raises(ProtocolError) as e:
