@@ -7,6 +7,7 @@ does); its bytes are the raw bytes it stands for, so a client can join them into
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from runtime.messages import TokenLogprob
@@ -34,9 +35,9 @@ class TokenTexts:
         return list(self.text(token).encode("utf-8"))
 
     def entry(self, lp: TokenLogprob) -> LogprobEntry:
-        return LogprobEntry(token=self.text(lp.token), logprob=lp.logprob, bytes=self.bytes(lp.token),
-                            top_logprobs=[TopLogprob(token=self.text(t), logprob=v, bytes=self.bytes(t))
-                                          for t, v in lp.top])
+        return LogprobEntry(token=self.text(lp.token), logprob=finite(lp.logprob), bytes=self.bytes(lp.token),
+                            top_logprobs=[TopLogprob(token=self.text(t), logprob=finite(v), bytes=self.bytes(t))
+                                          for t, v in lp.top if v > -math.inf])
 
     def chat(self, logprobs) -> ChoiceLogprobs:
         return ChoiceLogprobs(content=[self.entry(lp) for lp in logprobs])
@@ -48,9 +49,16 @@ class TokenTexts:
         for text in tokens:
             offsets.append(at)
             at += len(text)
-        return CompletionLogprobs(tokens=tokens, token_logprobs=[lp.logprob for lp in logprobs],
-                                  top_logprobs=[{self.text(t): v for t, v in lp.top} for lp in logprobs],
+        return CompletionLogprobs(tokens=tokens, token_logprobs=[finite(lp.logprob) for lp in logprobs],
+                                  top_logprobs=[{self.text(t): finite(v) for t, v in lp.top if v > -math.inf}
+                                                for lp in logprobs],
                                   text_offset=offsets)
+
+
+def finite(logprob: float) -> float:
+    """JSON has no -inf or NaN (they would go out as null): a token the processed distribution gave
+    no mass (a grammar's mask, an extreme penalty) reads -9999.0, as OpenAI writes it."""
+    return logprob if math.isfinite(logprob) else -9999.0
 
 
 def _byte_level_alphabet() -> dict[str, int]:

@@ -92,7 +92,8 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     stream_options: StreamOptions | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None  # extra: vLLM's, over prompt and output
+    # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
+    repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
     stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
     logit_bias: dict[str, float] | None = None
 
