@@ -222,8 +222,11 @@ def _refine_messages(components: dict, max_tokens: int, models: list[str]) -> No
     props["system"] = {"anyOf": [text, {"type": "null"}], "default": None}
     props["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
     props["model"] = {"enum": models, "description": "the served model's id or an alias; any other is a 404"}
-    for name in ("tools", "tool_choice", "thinking", "top_k"):
+    for name in ("tool_choice", "thinking", "top_k"):
         props[name] = {"type": "null", "default": None, "description": "not supported: a 400 names it"}
+    # An empty tool list asks for nothing, so it is taken as no tools (the server's neutral values).
+    props["tools"] = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}], "default": None,
+                      "description": "not supported: a non-empty list is a 400 naming it"}
 
 
 def _messages() -> dict:
