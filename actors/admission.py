@@ -74,9 +74,9 @@ class Admission(Actor):
         else:
             text = msg.prompt or ""
         ids = self.codec.encode(text)
-        if not ids:  # non-empty text can still encode to nothing: nothing to prefill
-            raise Rejected("the prompt encodes to no tokens", 400, "prompt")
-        return ids
+        # Text can encode to nothing (a lone control character): it is then a prompt with no text,
+        # conditioned on the model's start token, as OpenAI's completions treat an empty prompt.
+        return ids or self.codec.start_ids()
 
     def fit_to_context(self, params: SamplingParams, prompt_tokens: int, field: str) -> SamplingParams:
         room = self.context_length - prompt_tokens

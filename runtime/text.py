@@ -56,6 +56,13 @@ class TextCodec:
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids))
 
+    def start_ids(self) -> list[int]:
+        """What a prompt that encodes to no tokens is conditioned on: BOS, else the end-of-text token."""
+        for token in (self.tok.bos_token_id, self.tok.eos_token_id):
+            if token is not None:
+                return [int(token)]
+        return [min(self.eos_ids)]
+
 
 class IncrementalText:
     """Turns token ids into text deltas; holds back text that may be the start of a stop string."""

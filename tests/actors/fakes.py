@@ -24,6 +24,9 @@ class CharCodec:
     def encode(self, text: str) -> list[int]:
         return [ord(c) - ord("a") + 1 for c in text if c.isalpha()]
 
+    def start_ids(self) -> list[int]:
+        return [EOS]
+
     def chat_text(self, messages, tools=()) -> str:
         return "".join(m.content for m in messages)
 

@@ -72,7 +72,7 @@ async def test_events_emitted_at_once_after_admission_all_reach_the_client():
 async def test_a_rejected_request_leaves_no_subscription():
     system, actors = await running()
     with pytest.raises(Rejected):
-        async with open_request(system, submit("r", prompt="123")):  # encodes to no tokens
+        async with open_request(system, submit("r", prompt="a" * 150)):  # beyond the context of 100
             pass
     await asyncio.sleep(0.01)
     assert system.streamer.subscribers == {}
