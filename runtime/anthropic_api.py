@@ -18,10 +18,10 @@ from aiohttp import web
 from msgspec import Meta
 
 from runtime.actor import Rejected
-from runtime.gateway import SlowClient, open_request
+from runtime.gateway import open_request
 from runtime.messages import ActorFailure, Cancelled, ChatMessage, Failed, Finished, SamplingParams, Submit, \
     TokensEmitted
-from runtime.openai_api import abort_connection, bound_output, ended_error, read_body
+from runtime.openai_api import ended_error, read_body, stream_sse
 from runtime.protocol import MAX_MESSAGES, MAX_STOPS, ProtocolError, Stop, check_model, _decode_error
 
 _encode = msgspec.json.encode
@@ -152,20 +152,7 @@ def _sse(kind: str, data: dict) -> bytes:
 
 
 async def _stream(request: web.Request, events, rid: str, model: str) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    bound_output(request)
-    await response.prepare(request)
-    timeout = request.app["config"].server.slow_client_timeout
-
-    async def send(data: bytes) -> None:
-        await events.deliver(response.write(data), timeout)
-
-    try:
-        await _events(send, events, rid, model)
-        await response.write_eof()
-    except SlowClient:
-        abort_connection(request)
-    return response
+    return await stream_sse(request, events, lambda send: _events(send, events, rid, model))
 
 
 async def _events(send, events, rid: str, model: str) -> None:

@@ -123,6 +123,16 @@ async def _collect(events, shape: Shape, n: int) -> web.Response:
 
 
 async def _stream(request: web.Request, events, shape: Shape, n: int) -> web.StreamResponse:
+    async def produce(send) -> None:
+        await _sse_events(send, events, shape, n)
+        await send(b"data: [DONE]\n\n")
+
+    return await stream_sse(request, events, produce)
+
+
+async def stream_sse(request: web.Request, events, produce) -> web.StreamResponse:
+    """An SSE response whose events `produce(send)` writes; each write waits for the client at most
+    the slow-client timeout (the OpenAI and Anthropic endpoints both stream through it)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     bound_output(request)
     await response.prepare(request)
@@ -132,8 +142,7 @@ async def _stream(request: web.Request, events, shape: Shape, n: int) -> web.Str
         await events.deliver(response.write(data), timeout)
 
     try:
-        await _sse_events(send, events, shape, n)
-        await send(b"data: [DONE]\n\n")
+        await produce(send)
         await response.write_eof()
     except SlowClient:  # its request is cancelled as the handler leaves; nothing more can reach it
         abort_connection(request)
