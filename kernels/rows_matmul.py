@@ -74,7 +74,7 @@ def load():
     return _module
 
 
-def build(source: Path = SOURCE, root: Path = BUILD_ROOT) -> Path:
+def build(source: Path, root: Path) -> Path:
     """The built library for these sources, this MLX and this machine (built now if missing)."""
     out = root / f"rows_matmul-{build_key(source)}"
     found = sorted(out.glob("_rows_matmul*.so"))

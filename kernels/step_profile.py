@@ -47,7 +47,6 @@ def profile(model, rows: int, context: tuple[int, ...], repeats: int) -> dict[st
         "lm head": lambda: output_head(model)(hidden),
         "attention core": lambda: [_attention_core(q, keys, rows, head_dim) for _ in layers],
         "norms, rope, element-wise": lambda: [_elementwise(l, hidden, mlp_in, q) for l in layers],
-        "acceptance maths": lambda: _acceptance(logits),
     }
     found = {name: _median_ms(lambda f=f: mx.eval(f()), repeats) for name, f in parts.items()}
     found["acceptance maths"] = _median_ms(lambda: _acceptance(logits), repeats)

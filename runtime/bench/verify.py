@@ -107,10 +107,9 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
     import kernels
 
     chosen_name = kernels.BLAS.split(" ", 1)[0]
-    stock = run_worker("openblas", widths, max_k, repeats, False)
-    chosen = stock if chosen_name == "openblas" else run_worker(chosen_name, widths, max_k, repeats, breakdown)
-    if chosen is stock and breakdown:
-        chosen = run_worker("openblas", widths, max_k, repeats, True)
+    same = chosen_name == "openblas"  # then one worker serves both columns, the breakdown included
+    stock = run_worker("openblas", widths, max_k, repeats, breakdown and same)
+    chosen = stock if same else run_worker(chosen_name, widths, max_k, repeats, breakdown)
     cells = {"openblas stock": stock["ms"]["stock"], "chosen stock": chosen["ms"]["stock"],
              "chosen + rows kernel": chosen["ms"].get("kernel", chosen["ms"]["stock"])}
     gb_s = bandwidth_gb_s(chosen["model_bytes"])
