@@ -29,10 +29,10 @@ class GroupLost(RuntimeError):
     """The group cannot go on: a rank died, stopped answering, or diverged from rank 0."""
 
 
-def init_group(strict: bool = True):
+def init_group():
     """The group mlx.launch set up (MLX_HOSTFILE / MLX_RANK, or MPI, JACCL)."""
     try:
-        return mx.distributed.init(strict=strict)
+        return mx.distributed.init(strict=True)
     except RuntimeError as e:
         raise GroupLost(f"no distributed group: {e}; start the ranks with mlx.launch") from None
 
@@ -51,14 +51,10 @@ class Channel:
     def send(self, msg: GroupCommand, digest: int) -> list[int]:
         """Rank 0: broadcast msg; returns every rank's digest of its previous result."""
         started = time.perf_counter()
-        data = _encoder.encode(msg)
-        header = self._header(digest)
-        header[0:4] = np.frombuffer(len(data).to_bytes(4, "little"), np.uint8)
-        inline = data[:INLINE]
-        header[self.head:self.head + len(inline)] = np.frombuffer(inline, np.uint8)
+        header, rest = self.frame(msg, digest)
         out = self._sum(header)
-        if len(data) > INLINE:
-            self._sum(np.frombuffer(data[INLINE:], np.uint8))
+        if rest:
+            self._sum(np.frombuffer(rest, np.uint8))
         self.commands += 1
         self.seconds += time.perf_counter() - started
         return self._digests(out)
@@ -66,10 +62,23 @@ class Channel:
     def receive(self, digest: int) -> GroupCommand:
         """Any other rank: wait for rank 0's next command, telling it this rank's last digest."""
         out = self._sum(self._header(digest))
-        length = int.from_bytes(out[0:4].tobytes(), "little")
-        data = out[self.head:self.head + min(length, INLINE)].tobytes()
+        return self.unframe(out, lambda n: self._sum(np.zeros(n, np.uint8)).tobytes())
+
+    def frame(self, msg: GroupCommand, digest: int) -> tuple[np.ndarray, bytes]:
+        """The header rank 0 contributes (length, its digest, the payload's start) and the rest."""
+        data = _encoder.encode(msg)
+        header = self._header(digest)
+        header[0:4] = np.frombuffer(len(data).to_bytes(4, "little"), np.uint8)
+        inline = data[:INLINE]
+        header[self.head:self.head + len(inline)] = np.frombuffer(inline, np.uint8)
+        return header, data[INLINE:]
+
+    def unframe(self, header: np.ndarray, rest) -> GroupCommand:
+        """The command from a summed header; rest(n) gets the payload's n bytes past INLINE."""
+        length = int.from_bytes(header[0:4].tobytes(), "little")
+        data = header[self.head:self.head + min(length, INLINE)].tobytes()
         if length > INLINE:
-            data += self._sum(np.zeros(length - INLINE, np.uint8)).tobytes()
+            data += rest(length - INLINE)
         return _decoder.decode(data)
 
     def _header(self, digest: int) -> np.ndarray:
@@ -88,7 +97,7 @@ class Channel:
             mx.eval(out)
         except RuntimeError as e:
             raise GroupLost(f"distributed group lost: {e}") from None
-        return np.array(out, copy=False)
+        return np.asarray(out)
 
     def gather_ints(self, values: list[int]) -> list[list[int]]:
         """Every rank's values (same count on each), in rank order: start-up facts and checks."""
@@ -96,10 +105,6 @@ class Channel:
         mx.eval(out)
         flat = np.array(out).tolist()
         return [flat[r * len(values):(r + 1) * len(values)] for r in range(self.size)]
-
-    def share(self, values: list[int]) -> list[int]:
-        """Rank 0's values on every rank (the others pass any list of the same length)."""
-        return self.gather_ints(values)[0]
 
 
 def digest(result: Any) -> int:

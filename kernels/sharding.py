@@ -6,7 +6,9 @@ all_gather.
 Pipeline follows mlx-lm's convention: rank 0 holds the last layers, rank size-1 the first; each
 stage receives the hidden state from the rank above it and sends its output to the rank below, and
 rank 0's final hidden state reaches every rank through one all_gather, so every rank computes the
-same logits. A rank keeps only its own layers (and their KV caches).
+same logits. A rank keeps only its own layers (and their KV caches). The ranks' graphs differ (a
+receive here, a send there), so the engine evaluates each forward before it builds the next: two
+forwards in one evaluation could pair one's send with the other's receive.
 """
 
 from __future__ import annotations

@@ -236,6 +236,9 @@ def validate(config: Config) -> Config:
     group = config.distributed
     if not 0 < group.heartbeat_s < group.timeout_s:
         raise ConfigError("--group-heartbeat-s must be positive and below --group-timeout-s")
+    if group.enabled and sched.mode == "hyper":
+        raise ConfigError("--distributed serves --scheduler-mode serial or mtp_batch; hyper's draft trees are "
+                          "verified by a single process only")
     if group.enabled and config.model.fault_after_steps is not None:
         raise ConfigError("--fault-after-steps (test only) injects its fault into a single-process owner: "
                           "not with --distributed")
