@@ -39,7 +39,6 @@ class GroupOwner(ModelOwner):
         self._queued = 0  # commands submitted and not finished
         self._idle_since = time.monotonic()
         self._beat: asyncio.Task | None = None
-        self.by_kind: dict[str, tuple[int, float]] = {}  # per command: (count, seconds) on rank 0, broadcast apart
 
     async def setup(self) -> None:
         self._lost = asyncio.get_running_loop().create_future()
@@ -63,16 +62,12 @@ class GroupOwner(ModelOwner):
                             f"rank 0's (the ranks must run the same model, software and settings)")
         if isinstance(msg, (Heartbeat, StopFollowers)):
             return None
-        self.previous = kind = type(msg).__name__
-        started = time.perf_counter()
+        self.previous = type(msg).__name__
         try:
             reply = super().execute(msg)
         except Exception as e:
             self.digest = error_digest(e)
             raise
-        finally:
-            count, seconds = self.by_kind.get(kind, (0, 0.0))
-            self.by_kind[kind] = (count + 1, seconds + time.perf_counter() - started)
         self.digest = digest(reply)
         return reply
 
@@ -170,8 +165,7 @@ class GroupOwner(ModelOwner):
                 "size": channel.size, "parallel": self.layout, "pids": self.pids,
                 "commands": channel.commands,
                 "command_ms": round(1e3 * channel.seconds / max(channel.commands, 1), 4),
-                "collectives_ms": self.collectives_ms, "timeout_s": self.group.timeout_s,
-                "run_ms": {kind: {"count": n, "mean": round(1e3 * sec / n, 3)} for kind, (n, sec) in self.by_kind.items()}}
+                "collectives_ms": self.collectives_ms, "timeout_s": self.group.timeout_s}
 
 
 def with_seeds(msg):

@@ -48,6 +48,7 @@ class ModelOwner(Actor):
         # Distributed (actors/group_owner.py, actors/follower.py): the group's channel, set before loading
         self.channel, self.parallel = None, "auto"
         self.layout, self.pids, self.collectives_ms = None, [], {}
+        self.timings: dict[str, tuple[int, float]] = {}  # per command kind: (count, seconds) on the thread
 
     async def on_thread(self, fn, *args) -> Any:
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
@@ -133,7 +134,20 @@ class ModelOwner(Actor):
 
     def execute(self, msg: OwnerCommand) -> Any:
         """Run one command on the owner thread (the other ranks of a distributed group run each
-        command rank 0 runs, in the same order: actors/group_owner.py)."""
+        command rank 0 runs, in the same order: actors/group_owner.py); its time goes to `timings`."""
+        started = time.perf_counter()
+        try:
+            return self._run(msg)
+        finally:
+            kind = type(msg).__name__
+            count, seconds = self.timings.get(kind, (0, 0.0))
+            self.timings[kind] = (count + 1, seconds + time.perf_counter() - started)
+
+    def describe_timings(self) -> dict:
+        """What each kind of command has cost on the owner thread (for /health; plain numbers)."""
+        return {kind: {"count": n, "mean_ms": round(1e3 * s / n, 3)} for kind, (n, s) in list(self.timings.items())}
+
+    def _run(self, msg: OwnerCommand) -> Any:
         match msg:
             case Prefill():
                 return self._prefill(msg)

@@ -21,10 +21,12 @@ import mlx.core as mx
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
+from runtime.config import ConfigError
+
 Parallel = Literal["auto", "tensor", "pipeline"]
 
 
-class ShardingError(ValueError):
+class ShardingError(ConfigError):
     """A model that cannot be split this way over this group; the message says why."""
 
 

@@ -79,6 +79,7 @@ async def health(request: web.Request) -> web.Response:
         "scheduler": scheduler,
         "prompt_cache": prompt_cache,
         "distributed": system.describe_group(),
+        "owner_ms": system.describe_owner(),
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",

@@ -188,6 +188,11 @@ class System:
         except (ActorFailure, asyncio.TimeoutError):
             return None
 
+    def describe_owner(self) -> dict:
+        """What each kind of model-owner command has cost (mean ms, count)."""
+        describe = getattr(self.owner, "describe_timings", None)
+        return describe() if describe is not None else {}
+
     def describe_group(self) -> dict | None:
         """The distributed group's account (None when this server runs alone)."""
         describe = getattr(self.owner, "describe_group", None)

@@ -16,6 +16,7 @@ Last line: identical=1 tok_s_ratio=R comm_share=S (group tok/s over single; comm
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import urllib.request
@@ -35,6 +36,7 @@ class Run:
     seconds: float
     steps: dict[str, tuple[int, float]]  # phase -> (count, seconds), from /metrics
     group: dict | None = None  # /health's distributed block
+    owner_ms: dict | None = None  # /health's owner_ms: what each command kind costs on the owner thread
 
     @property
     def tok_s(self) -> float:
@@ -76,10 +78,12 @@ def main(argv: list[str]) -> int:
     extra = shlex.split(args.serve_args)
     with ServedProcess(model_dir, extra) as single:
         alone = measure("single", single.url, prompts, args.max_tokens)
+        alone.owner_ms = health(single.url)["owner_ms"]
     group_extra = [*extra, "--parallel", args.parallel]
     with LaunchedGroup(model_dir, group_extra, ranks=args.ranks) as launched:
         group = measure(f"{args.ranks} ranks", launched.url, prompts, args.max_tokens)
-        group.group = launched.health()["distributed"]
+        found = launched.health()
+        group.group, group.owner_ms = found["distributed"], found["owner_ms"]
     report(alone, group, args.ranks)
     return 0
 
@@ -93,6 +97,11 @@ def measure(name: str, url: str, prompts: list[str], max_tokens: int) -> Run:
     steps = {k: (after[k][0] - before.get(k, (0, 0.0))[0], after[k][1] - before.get(k, (0, 0.0))[1]) for k in after}
     return Run(name, [a.text for a in answers], sum(a.tokens for a in answers), sum(a.seconds for a in answers),
                {k: v for k, v in steps.items() if v[0] > 0})
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read())
 
 
 def phase_seconds(url: str) -> dict[str, tuple[int, float]]:
@@ -118,8 +127,9 @@ def report(alone: Run, group: Run, ranks: int) -> None:
     print(f"group: {g['parallel']} over {ranks} processes; {g['commands']} commands broadcast, "
           f"{g['command_ms']:.3f} ms each; one forward's collectives alone: {g['collectives_ms']['1']:.3f} ms "
           f"(1 row), {g['collectives_ms']['4']:.3f} ms (4 rows)")
-    kinds = ", ".join(f"{k} {v['mean']:.2f} ms x{v['count']}" for k, v in sorted(g["run_ms"].items()))
-    print(f"rank 0's commands (run, broadcast apart): {kinds}")
+    for run in (alone, group):
+        kinds = ", ".join(f"{k} {v['mean_ms']:.2f} ms x{v['count']}" for k, v in sorted(run.owner_ms.items()))
+        print(f"{run.name}: owner commands (broadcast apart): {kinds}")
     identical = int(alone.texts == group.texts)
     for i, (a, b) in enumerate(zip(alone.texts, group.texts)):
         if a != b:
