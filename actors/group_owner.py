@@ -107,8 +107,12 @@ class GroupOwner(ModelOwner):
             future.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it now
             raise self._lost.exception()
         if (error := future.exception()) is not None and not self._is_lost(error) and fn == self.execute:
-            self.submit(self.execute, Heartbeat())  # a collective may have failed inside the forward
+            self._probe()  # a collective may have failed inside the forward: is the group still there?
         return future.result()
+
+    def _probe(self) -> None:
+        """A heartbeat nobody awaits: a lost group shows in its result (_finished)."""
+        self.submit(self.execute, Heartbeat()).add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _is_lost(self, error: BaseException | None) -> bool:
         from kernels.group import GroupLost
@@ -124,7 +128,7 @@ class GroupOwner(ModelOwner):
                 self.declare_lost(f"distributed group lost: {running[0]} not finished by every rank after "
                                   f"{timeout:g} s (a rank hangs or its network is down)")
             elif self._queued == 0 and time.monotonic() - self._idle_since >= every:
-                self.submit(self.execute, Heartbeat())
+                self._probe()
 
     def declare_lost(self, reason: str) -> None:
         from kernels.group import GroupLost
@@ -158,7 +162,7 @@ class GroupOwner(ModelOwner):
 
     def describe_group(self) -> dict:
         """For /health: the group's layout, ranks, state and what its communication costs."""
-        channel = getattr(self, "channel", None)
+        channel = self.channel
         if channel is None:
             return {"enabled": True, "state": "starting"}
         return {"enabled": True, "state": "lost" if self.lost else "ok", "lost": self.lost,

@@ -37,6 +37,7 @@ class Run:
     steps: dict[str, tuple[int, float]]  # phase -> (count, seconds), from /metrics
     group: dict | None = None  # /health's distributed block
     owner_ms: dict | None = None  # /health's owner_ms: what each command kind costs on the owner thread
+    costs: dict | None = None  # the online cost model's account (prior, observations, scale to prior)
 
     @property
     def tok_s(self) -> float:
@@ -78,12 +79,14 @@ def main(argv: list[str]) -> int:
     extra = shlex.split(args.serve_args)
     with ServedProcess(model_dir, extra) as single:
         alone = measure("single", single.url, prompts, args.max_tokens)
-        alone.owner_ms = health(single.url)["owner_ms"]
+        found = health(single.url)
+        alone.owner_ms, alone.costs = found["owner_ms"], cost_model(found)
     group_extra = [*extra, "--parallel", args.parallel]
     with LaunchedGroup(model_dir, group_extra, ranks=args.ranks) as launched:
         group = measure(f"{args.ranks} ranks", launched.url, prompts, args.max_tokens)
         found = launched.health()
         group.group, group.owner_ms = found["distributed"], found["owner_ms"]
+        group.costs = cost_model(found)
     report(alone, group, args.ranks)
     return 0
 
@@ -97,6 +100,11 @@ def measure(name: str, url: str, prompts: list[str], max_tokens: int) -> Run:
     steps = {k: (after[k][0] - before.get(k, (0, 0.0))[0], after[k][1] - before.get(k, (0, 0.0))[1]) for k in after}
     return Run(name, [a.text for a in answers], sum(a.tokens for a in answers), sum(a.seconds for a in answers),
                {k: v for k, v in steps.items() if v[0] > 0})
+
+
+def cost_model(found: dict) -> dict | None:
+    controller = ((found.get("scheduler") or {}).get("speculation") or {}).get("controller")
+    return controller["cost_model"] if controller else None
 
 
 def health(url: str) -> dict:
@@ -130,6 +138,10 @@ def report(alone: Run, group: Run, ranks: int) -> None:
     for run in (alone, group):
         kinds = ", ".join(f"{k} {v['mean_ms']:.2f} ms x{v['count']}" for k, v in sorted(run.owner_ms.items()))
         print(f"{run.name}: owner commands (broadcast apart): {kinds}")
+    for run in (alone, group):
+        if run.costs is not None:  # the distributed step priced as measured, not as the prior said
+            print(f"{run.name}: cost model prior {run.costs['prior_source']} ({run.costs['prior_machine']}), "
+                  f"{run.costs['observations']} steps learned, measured/prior {run.costs['scale_to_prior']}")
     identical = int(alone.texts == group.texts)
     for i, (a, b) in enumerate(zip(alone.texts, group.texts)):
         if a != b:
