@@ -95,3 +95,19 @@ def test_distributed_without_a_group_says_how_to_start_one():
 
     with pytest.raises(ConfigError, match="mlx.launch --backend ring -n 2"):
         group_rank(override(Config(), "distributed", enabled=True))
+
+
+def test_an_mlx_lm_pipeline_architecture_keeps_only_its_stage_and_computes_the_same():
+    from mlx_lm.models import qwen2
+    from mlx_lm.models.cache import make_prompt_cache
+
+    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, rms_norm_eps=1e-5, vocab_size=128, num_key_value_heads=2)
+    mx.random.seed(2)
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    tokens = mx.array([[3, 4, 5, 6]])
+    whole = model(tokens)
+    assert shard(model, mx.distributed.init(), "pipeline")[0] == "pipeline"
+    assert len(make_prompt_cache(model)) == len(model.layers) == 2  # one cache per kept layer
+    assert mx.array_equal(model(tokens, cache=make_prompt_cache(model)), whole).item()
