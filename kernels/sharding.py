@@ -115,7 +115,7 @@ class PipelinedLlama(llama.LlamaModel):
         return self.norm(h)
 
 
-def probe_collectives(model, layout: str, group, rows: int = 1, repeats: int = 20) -> float:
+def probe_collectives(model, layout: str, group, rows: int = 1, repeats: int = 10) -> float:
     """ms of one forward's collectives alone, at `rows` rows (decode: 1), run by every rank together:
     the communication a step pays, apart from its compute (tensor: two all_sums per layer;
     pipeline: a receive and a send per stage, then the all_gather)."""

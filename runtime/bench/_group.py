@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from runtime.bench._served import SERVE, ServedProcess
 from runtime.bench.serving import _free_port
@@ -31,14 +32,23 @@ def ring_available() -> str | None:
 
 
 class LaunchedGroup(ServedProcess):
-    def __init__(self, model_dir, extra: list[str], ranks: int = 2, ready_timeout: float = 240.0):
+    """With `hostfile`, the ranks are named in a hosts.json (every one 127.0.0.1) instead of `-n`."""
+
+    def __init__(self, model_dir, extra: list[str], ranks: int = 2, ready_timeout: float = 240.0,
+                 hostfile: bool = False):
         super().__init__(model_dir, extra, ready_timeout)
-        self.ranks = ranks
+        self.ranks, self.hostfile = ranks, hostfile
         self.ring_port = _free_port()  # ranks listen on ring_port, ring_port + 1, ...
 
     def command(self, cache_dir: str) -> list[str]:
         serve = super().command(cache_dir)[len(SERVE):]
-        return [*MLX_LAUNCH, "--backend", "ring", "-n", str(self.ranks), "--starting-port", str(self.ring_port),
+        if self.hostfile:
+            path = Path(cache_dir) / "hosts.json"
+            path.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * self.ranks))
+            hosts = ["--hostfile", str(path)]
+        else:
+            hosts = ["-n", str(self.ranks)]
+        return [*MLX_LAUNCH, "--backend", "ring", *hosts, "--starting-port", str(self.ring_port),
                 "--", *SERVE, "--distributed", *serve]
 
     def health(self) -> dict:

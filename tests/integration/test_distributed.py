@@ -1,8 +1,9 @@
 """Distributed serving under a real `mlx.launch --backend ring -n 2` on loopback.
 
-The default model over 2 processes (split by layers: its 9 attention heads do not divide by 2), the
-MTP head forced to speculate: greedy output of several requests, in serial and in mtp_batch, is
-byte-identical to the single-process server's plain decode. SIGTERM on rank 0 stops the follower.
+The default model over 2 processes (split by layers: its 9 attention heads do not divide by 2; the
+serial group's ranks are named in a --hostfile, the others' by -n 2), the MTP head forced to
+speculate: greedy output of several requests, in serial and in mtp_batch, is byte-identical to the
+single-process server's plain decode. SIGTERM on rank 0 stops the follower.
 A follower that stops answering (SIGSTOP) fails the requests in flight with a clear error, each
 stream ending with exactly one terminal event, and /health reports the lost group; a killed
 follower does the same and the whole group then exits, nothing hangs.
@@ -32,7 +33,7 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def serial_group(model_dir):
-    with LaunchedGroup(model_dir, FORCED) as group:
+    with LaunchedGroup(model_dir, FORCED, hostfile=True) as group:  # the --hostfile form of mlx.launch
         yield group
 
 
