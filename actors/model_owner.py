@@ -79,6 +79,11 @@ class ModelOwner(Actor):
         from kernels.heads import build_drafter
         from kernels.loader import load
 
+        if self.channel is not None:  # distributed: the ranks must load alike, checked before loading
+            from kernels.group import join
+
+            self.pids = join(self.channel, self.model_path, [self.prefill_step, self.spec, self.batched,
+                                                             self.rows_kernel, self.prompt_cache, self.parallel])
         loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
@@ -89,26 +94,14 @@ class ModelOwner(Actor):
         store = PromptStore(*self.prompt_cache, kv_share=share) if min(self.prompt_cache) > 0 else None
         self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched, prompt_cache=store)
         if self.channel is not None:
-            self._join_group(loaded)
+            from kernels.sharding import probe_collectives
+
+            self.layout = loaded.layout[0]
+            self.collectives_ms = probe_collectives(loaded.model, self.layout, self.channel.group)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,
                          quantization=Quantization(**loaded.quantization) if loaded.quantization else None)
-
-    def _join_group(self, loaded) -> None:
-        """Distributed: every rank checks the others load the same, then the collectives are timed."""
-        import msgspec
-
-        from kernels.group import join
-        from kernels.sharding import probe_collectives
-
-        settings = msgspec.json.encode([self.prefill_step, self.spec, self.batched, self.rows_kernel,
-                                        self.prompt_cache, self.parallel])
-        self.pids = join(self.channel, self.model_path, settings)
-        self.layout = loaded.layout[0]
-        group = self.channel.group
-        self.collectives_ms = {rows: round(probe_collectives(loaded.model, self.layout, group, rows), 4)
-                               for rows in (1, 4)}
 
     async def teardown(self) -> None:
         if self.engine is not None:

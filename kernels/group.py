@@ -130,16 +130,16 @@ def _integers(value, found: list) -> None:
             _integers(item, found)
 
 
-def join(channel: Channel, model_path, settings: bytes) -> list[int]:
+def join(channel: Channel, model_path, settings: list) -> list[int]:
     """Start-up, on every rank together: refuse a group whose ranks load other model files or other
-    settings (they would compute other results); returns every rank's process id."""
+    settings (they would compute other results, or meet in other collectives); returns every
+    rank's process id."""
+    import os
     from pathlib import Path
 
     path = Path(model_path)
     files = sorted((p.name, p.stat().st_size) for p in path.glob("*.safetensors"))
-    mine = zlib.crc32(settings + (path / "config.json").read_bytes() + repr(files).encode())
-    import os
-
+    mine = zlib.crc32(msgspec.json.encode(settings) + (path / "config.json").read_bytes() + repr(files).encode())
     facts = channel.gather_ints([mine, os.getpid()])
     if odd := [rank for rank, (fp, _) in enumerate(facts) if fp != facts[0][0]]:
         raise GroupLost(f"rank {odd[0]} loads another model or other settings than rank 0 "

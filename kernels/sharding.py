@@ -115,10 +115,14 @@ class PipelinedLlama(llama.LlamaModel):
         return self.norm(h)
 
 
-def probe_collectives(model, layout: str, group, rows: int = 1, repeats: int = 10) -> float:
-    """ms of one forward's collectives alone, at `rows` rows (decode: 1), run by every rank together:
-    the communication a step pays, apart from its compute (tensor: two all_sums per layer;
-    pipeline: a receive and a send per stage, then the all_gather)."""
+def probe_collectives(model, layout: str, group) -> dict[int, float]:
+    """ms of one forward's collectives alone, by rows: 1 (decode) and 4 (a verify)."""
+    return {rows: round(_collectives_ms(model, layout, group, rows), 4) for rows in (1, 4)}
+
+
+def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 10) -> float:
+    """Run by every rank together: the communication a step pays, apart from its compute (tensor:
+    two all_sums per layer; pipeline: a receive and a send per stage, then the all_gather)."""
     import time
 
     hidden = model.args.hidden_size
