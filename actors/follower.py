@@ -45,7 +45,7 @@ def follow(config: Config, model_dir: Path) -> int:
         watchdog.fed()
         if isinstance(msg, StopFollowers):
             owner.engine.close()
-            log.info("follower_stopped")
+            log.info("follower_stopped", commands=owner.describe_timings())
             return 0
         if isinstance(msg, Heartbeat):
             continue
