@@ -48,8 +48,10 @@ class LaunchedGroup(ServedProcess):
             hosts = ["--hostfile", str(path)]
         else:
             hosts = ["-n", str(self.ranks)]
+        # The ranks share this machine's cores: Intel OpenMP's threads (MKL's) must not spin after
+        # their work (200 ms by default) while another rank's stage waits for a core.
         return [*MLX_LAUNCH, "--backend", "ring", *hosts, "--starting-port", str(self.ring_port),
-                "--", *SERVE, "--distributed", *serve]
+                "--env", "KMP_BLOCKTIME=0", "--", *SERVE, "--distributed", *serve]
 
     def health(self) -> dict:
         try:

@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(ring_available() is not None, reason=f"no mlx.la
 PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
            "<|im_start|>user\nWrite a Python function that returns the squares of a list.<|im_end|>\n"
            "<|im_start|>assistant\n",
-           "one two three one two three one two", "def add(a, b):"]
+           "one two three one two three one two"]
 FORCED = ["--mtp-gate", "force", "--spec-cost-model", "off", "--num-draft-tokens", "3"]
-MAX_TOKENS = 32
+MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
