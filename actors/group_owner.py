@@ -9,18 +9,22 @@ rank died), a command the group has not finished after `timeout_s` (a rank hangs
 result of a command differs from rank 0's (a divergence) loses the group: the asker gets the error,
 the actor stops, and the system fails every in-flight request and reports it on /health. While idle,
 a heartbeat every `heartbeat_s` finds a lost rank with no request in flight. At shutdown the other
-ranks are told to stop.
+ranks are told to stop; so are they when mlx.launch dies (it leaves its ranks running): rank 0
+then shuts down as on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from typing import Any
 
 import msgspec
 
+from actors.follower import silence
 from actors.model_owner import ModelOwner
 from runtime.config import DistributedConfig
 from runtime.messages import ActorFailure, Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
@@ -121,8 +125,13 @@ class GroupOwner(ModelOwner):
 
     async def _heartbeat(self) -> None:
         every, timeout = self.group.heartbeat_s, self.group.timeout_s
+        parent = os.getppid()
         while self.lost is None:
             await asyncio.sleep(every)
+            if os.getppid() != parent:  # mlx.launch died (it leaves its ranks running): shut down
+                silence()
+                os.kill(os.getpid(), signal.SIGTERM)
+                parent = os.getppid()
             running = self._running
             if running is not None and time.monotonic() - running[1] > timeout:
                 self.declare_lost(f"distributed group lost: {running[0]} not finished by every rank after "
