@@ -60,6 +60,7 @@ class Engine:
         self.prompt_cache = prompt_cache if prompt_cache is not None and supports(make_prompt_cache(model)) else None
         if self.prompt_cache is not None and drafter is not None:
             drafter.keep_log = True
+        self.progress = _nothing  # called after each prefill chunk (a distributed group's watchdog)
 
     # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
@@ -77,6 +78,7 @@ class Engine:
             self._forward(state, prompt[done:done + n])
             mx.eval([c.state for c in state.cache])
             done += n
+            self.progress()
         token = self._emit(state, self._step(state, prompt[done:]))
         if lookahead and self.batch is None:
             self.start_ahead([seq_id])
@@ -285,6 +287,10 @@ class Engine:
             for c in state.cache:
                 c.trim(n)
             state.length -= n
+
+
+def _nothing() -> None:
+    pass
 
 
 def _fresh_seed() -> int:

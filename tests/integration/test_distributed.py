@@ -45,7 +45,7 @@ def serial_group(model_dir):
 @pytest.fixture(scope="module")
 def batch_group(model_dir):
     extra = [*FORCED, "--scheduler-mode", "mtp_batch", "--max-active-requests", "4", "--batch-wait-ms", "20",
-             "--group-timeout-s", "6", "--prefill-ceiling", "256"]  # LONG prefills in several chunks
+             "--group-timeout-s", "8", "--prefill-step", "96"]  # LONG prefills in several chunks
     with LaunchedGroup(model_dir, extra) as group:
         yield group
 
