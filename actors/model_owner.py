@@ -97,7 +97,7 @@ class ModelOwner(Actor):
             from kernels.sharding import probe_collectives
 
             self.layout = loaded.layout[0]
-            self.collectives_ms = probe_collectives(loaded.model, self.layout, self.channel.group)
+            self.collectives_ms = probe_collectives(loaded.model, self.layout, self.channel)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,

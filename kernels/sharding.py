@@ -115,16 +115,17 @@ class PipelinedLlama(llama.LlamaModel):
         return self.norm(h)
 
 
-def probe_collectives(model, layout: str, group) -> dict[int, float]:
-    """ms of one forward's collectives alone, by rows: 1 (decode) and 4 (a verify)."""
-    return {rows: round(_collectives_ms(model, layout, group, rows), 4) for rows in (1, 4)}
+def probe_collectives(model, layout: str, channel) -> dict[str, float]:
+    """ms, every rank together and nothing else running: one forward's collectives alone, by rows
+    (1: decode, 4: a verify), and one command's broadcast ("command")."""
+    times = {str(rows): _collectives_ms(model, layout, channel.group, rows) for rows in (1, 4)}
+    times["command"] = median_ms(channel.idle_broadcast, 20)
+    return {k: round(v, 4) for k, v in times.items()}
 
 
-def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 10) -> float:
+def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 20) -> float:
     """Run by every rank together: the communication a step pays, apart from its compute (tensor:
     two all_sums per layer; pipeline: a receive and a send per stage, then the all_gather)."""
-    import time
-
     hidden = model.args.hidden_size
     x = mx.zeros((1, rows, hidden), dtype=mx.float32)
     mx.eval(x)
@@ -141,8 +142,18 @@ def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 10) -> 
             h = mx.distributed.send(h, rank - 1, group=group)
         return mx.distributed.all_gather(h, group=group)[:1]
 
-    mx.eval(forward(x))  # the first exchange sets up buffers
-    started = time.perf_counter()
+    return median_ms(lambda: mx.eval(forward(x)), repeats)
+
+
+def median_ms(fn, repeats: int) -> float:
+    """The median ms of `repeats` calls, after one untimed call (the first exchange sets up buffers)."""
+    import statistics
+    import time
+
+    fn()
+    times = []
     for _ in range(repeats):
-        mx.eval(forward(x))
-    return 1e3 * (time.perf_counter() - started) / repeats
+        started = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - started))
+    return statistics.median(times)

@@ -75,7 +75,7 @@ def test_serial_greedy_output_is_the_single_process_output(serial_group, idle_se
     asyncio.run(same_as_alone(serial_group.url, idle_server.url, PROMPTS, together=False))
     group = serial_group.health()["distributed"]
     assert group["state"] == "ok" and group["size"] == 2 and group["parallel"] == "pipeline"
-    assert group["commands"] > 0 and group["collectives_ms"]["1"] > 0
+    assert group["commands"] > 0 and group["collectives_ms"]["1"] > 0 and group["collectives_ms"]["command"] > 0
 
 
 def test_sigterm_on_rank_0_stops_the_follower(serial_group):
