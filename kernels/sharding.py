@@ -119,7 +119,7 @@ def probe_collectives(model, layout: str, channel) -> dict[str, float]:
     """ms, every rank together and nothing else running: one forward's collectives alone, by rows
     (1: decode, 4: a verify), and one command's broadcast ("command")."""
     times = {str(rows): _collectives_ms(model, layout, channel.group, rows) for rows in (1, 4)}
-    times["command"] = median_ms(channel.idle_broadcast, 20)
+    times["command"] = fastest_ms(channel.idle_broadcast, 20)
     return {k: round(v, 4) for k, v in times.items()}
 
 
@@ -142,12 +142,12 @@ def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 20) -> 
             h = mx.distributed.send(h, rank - 1, group=group)
         return mx.distributed.all_gather(h, group=group)[:1]
 
-    return median_ms(lambda: mx.eval(forward(x)), repeats)
+    return fastest_ms(lambda: mx.eval(forward(x)), repeats)
 
 
-def median_ms(fn, repeats: int) -> float:
-    """The median ms of `repeats` calls, after one untimed call (the first exchange sets up buffers)."""
-    import statistics
+def fastest_ms(fn, repeats: int) -> float:
+    """The fastest of `repeats` calls (ms), after one untimed call (the first exchange sets up
+    buffers): the collectives' own cost, without what another process on a shared core adds."""
     import time
 
     fn()
@@ -156,4 +156,4 @@ def median_ms(fn, repeats: int) -> float:
         started = time.perf_counter()
         fn()
         times.append(1e3 * (time.perf_counter() - started))
-    return statistics.median(times)
+    return min(times)

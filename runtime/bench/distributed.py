@@ -5,9 +5,9 @@ Both servers get the same settings, a warm-up and then the held-out chat and cod
 time, greedy, through the official openai client. Per server: tok/s (completion tokens over the
 requests' wall time), the served step time (the scheduler's step wall time, from /metrics), and for
 the group its split: communication is the commands' broadcasts (their count per step, served, times
-one broadcast's cost) plus each step's forward collectives, both timed alone at start-up (a forward's
-at 1 row for plain steps, 4 for speculative ones); compute is the rest of the step, waits for the
-other ranks' compute included. The outputs must be byte-identical.
+one broadcast's cost) plus each step's forward collectives, both timed alone at start-up (the
+fastest of 20; a forward's at 1 row for plain steps, 4 for speculative ones); compute is the rest of
+the step, waits for the other ranks' compute included. The outputs must be byte-identical.
 
 On one host the ranks share the cores, so the group is expected to be slower: the point is the
 measured cost of communication per step, which the README turns into an estimate for real machines.
