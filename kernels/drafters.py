@@ -7,7 +7,8 @@ after a verify forward; commit(state, drafted, accepted, emitted) after acceptan
 also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
 For the prompt cache (kernels/prompt_store.py): snapshot(state, n) -> the state for the first n
 committed tokens, owned; restore(state, snapshot, tokens, m) -> a new sequence's state for the
-first m <= n of them, exactly as if it had been fed those m tokens.
+first m <= n of them, exactly as if it had been fed those m tokens. For a prefill twin
+(kernels/batch_prefill.py): clone(source, twin) -> twin's state a copy of source's, its caches owned.
 (N-gram lookup needs no model and runs in the drafter actor itself.)
 """
 
@@ -36,6 +37,7 @@ class MtpDrafter:
     sequence's `last`."""
 
     wants_hidden = True
+    clonable = True  # its head caches are plain KV caches
     keep_log = False  # the prompt cache sets it: every pair's hidden row stays, in d["log"]
 
     def __init__(self, head: MTPHead, target):
@@ -149,6 +151,14 @@ class MtpDrafter:
         d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
         d["unpaired"], d["undo"] = snap.hidden[m - 1], None
 
+    def clone(self, source, twin) -> None:
+        d = dict(self._own(source))
+        d["cache"] = owned_caches(d["cache"], self.head.make_cache)
+        for name in ("hidden", "tokens", "log"):  # lists of immutable arrays: new lists, shared rows
+            d[name] = list(d[name])
+        twin.drafter.clear()
+        twin.drafter.update(d)
+
     def _add(self, d: dict, hidden: mx.array, tokens: mx.array) -> None:
         if self.keep_log:
             d["log"].append(hidden)
@@ -180,6 +190,12 @@ def _full(head: MTPHead, ids: mx.array) -> mx.array:
     return head.vocab_map[ids] if head.reduced else ids
 
 
+def owned_caches(caches: list, fresh) -> list:
+    """Copies of KV caches that share no buffer a later write could reach (fresh() when empty)."""
+    n = caches[0].offset if caches else 0
+    return restored_cache(copy_layers([(c.keys, c.values) for c in caches], 0, n), n) if n else fresh()
+
+
 class MtpSnapshot(NamedTuple):
     head: tuple  # the head cache's layers for its first `absorbed` pairs (kernels/prompt_store.Layers)
     absorbed: int
@@ -200,7 +216,10 @@ class DraftModelDrafter:
     wants_hidden = False
 
     def __init__(self, model):
+        from kernels.prompt_store import supports
+
         self.model = model
+        self.clonable = supports(make_prompt_cache(model))  # rotating or quantized caches are not copied
 
     def _own(self, state) -> dict:
         if not state.drafter:
@@ -221,6 +240,13 @@ class DraftModelDrafter:
             d["cache"] = restored_cache(snap.kv, fed)
         d["unfed"] = [mx.array(tokens[fed:m], dtype=mx.uint32)] if m > fed else []
         d["fed_last"] = 0
+
+    def clone(self, source, twin) -> None:
+        d = dict(self._own(source))
+        d["cache"] = owned_caches(d["cache"], lambda: make_prompt_cache(self.model))
+        d["unfed"] = list(d["unfed"])
+        twin.drafter.clear()
+        twin.drafter.update(d)
 
     def fed(self, state, tokens: mx.array, hidden=None) -> None:
         d = self._own(state)

@@ -57,7 +57,10 @@ class Engine:
         # mtp_batch: decoding sequences live in one batch cache; serial keeps one cache per sequence
         self.batch = Batch() if batched else None
         # A kernels.prompt_store.PromptStore, or None (off, or a model whose caches it cannot copy)
-        self.prompt_cache = prompt_cache if prompt_cache is not None and supports(make_prompt_cache(model)) else None
+        copyable = supports(make_prompt_cache(model))
+        self.prompt_cache = prompt_cache if prompt_cache is not None and copyable else None
+        # prefill twins (kernels/batch_prefill.py) copy KV and drafter caches: plain KV caches only
+        self.can_twin = copyable and getattr(drafter, "clonable", True)
         if self.prompt_cache is not None and drafter is not None:
             drafter.keep_log = True
 
@@ -108,13 +111,13 @@ class Engine:
             firsts, spent = advance(self, group, budget)
         except BaseException:
             self.batch.prefilling = None  # the scheduler fails the group's sequences
-            for seq_id in group.ids:
+            for seq_id in group.all_ids:
                 self.seqs.pop(seq_id, None)
             raise
         if firsts is None:
             return firsts_now or None, spent + hit_tokens
         self.batch.prefilling = None
-        return {**firsts_now, **dict(zip(group.ids, firsts))}, spent + hit_tokens
+        return {**firsts_now, **dict(zip(group.all_ids, firsts))}, spent + hit_tokens
 
     def _cache_hits(self, items) -> tuple[list, list]:
         """(newcomers whose prompt shares a cached prefix, the rest)."""
