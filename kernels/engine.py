@@ -277,8 +277,8 @@ class Engine:
             state.length -= drafted - accepted
         else:
             self._trim(state, drafted - accepted)
-        if self.drafter is not None:
-            self.drafter.commit(state, drafted, accepted, emitted)
+        if (drafter := self.drafter_of(state)) is not None:  # a sequence that never drafts (a grammar's
+            drafter.commit(state, drafted, accepted, emitted)  # forced run under disable_mtp) has no drafter state
         commit(state, emitted)
         state.last = mx.array(emitted[-1:], dtype=mx.uint32)
         state.draft_probs = None

@@ -99,6 +99,7 @@ class SpecReceipt(msgspec.Struct, frozen=True, kw_only=True):
     plain_steps: int = 0
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
+    forced_tokens: int = 0  # structured output: tokens the grammar forced, verified as free drafts (not counted above)
 
 
 class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
