@@ -145,7 +145,8 @@ class ModelOwner(Actor):
         p = msg.params
         if p.processed:
             self.engine.specs[msg.seq_id] = ProcessSpec(p.presence_penalty, p.frequency_penalty,
-                                                        p.repetition_penalty, p.logprobs, self._matcher(p.grammar))
+                                                        p.repetition_penalty, p.logprobs, self._matcher(p.grammar),
+                                                        p.logit_bias)
 
     def _matcher(self, grammar: str | None):
         from runtime.grammar import new_matcher, tokenizer_of_dir

@@ -33,6 +33,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # the alternatives per token to report; None: no log-probabilities
     grammar: str | None = None  # llguidance grammar of response_format (runtime/grammar.py); None: free text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's logit_bias
 
     @property
     def greedy(self) -> bool:
@@ -42,7 +43,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     def processed(self) -> bool:
         """Whether the owner processes this sequence's logits (penalties) or reports log-probabilities."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logprobs is not None or self.grammar is not None)
+                    or self.logprobs is not None or self.grammar is not None or bool(self.logit_bias))
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
