@@ -81,6 +81,12 @@ class _Params(_Wire, frozen=True, kw_only=True):
     conversation_id: Identifier | None = None  # extra: groups the turns of one conversation
     cache_prompt: bool = True  # extra (llama.cpp's name): false keeps this request out of the prompt cache
     cache_salt: Identifier | None = None  # extra (vLLM's name): prefixes are shared only within one salt
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
+    repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
+    stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id -> bias (OpenAI's range)
 
 
 class _OpenAI(_Params, frozen=True, kw_only=True):
@@ -90,12 +96,6 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
-    repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
-    stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id -> bias (OpenAI's range)
 
 
 class ChatRequest(_OpenAI, frozen=True, kw_only=True):
@@ -138,6 +138,8 @@ class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     messages: Annotated[list[WireMessage], Meta(max_length=MAX_MESSAGES)] | None = None
     prompt: str | None = None
+    logprobs: TopLogprobs | None = None  # as completions': alternatives per token, in each tokens frame
+    response_format: dict[str, Any] | None = None  # json_object / json_schema, as chat's
 
 
 class WsCancel(_Wire, frozen=True, kw_only=True, tag="cancel"):
