@@ -79,14 +79,18 @@ class PhasePriors:
     def __init__(self, base: Sequence[float] = DEFAULT_PRIOR, depth: int = 8):
         self.base, self.depth = tuple(base) or DEFAULT_PRIOR, depth
         self.counts: dict[Phase, Counts] = {}
+        self._means: dict[Phase, tuple[float, ...]] = {}  # every request reads them every step: kept till a vote
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         counts = self.counts.setdefault(phase, Counts())
         counts.decay(PHASE_DECAY)
         counts.add(drafted, accepted)
+        self._means.pop(phase, None)
 
     def mean(self, phase: Phase) -> tuple[float, ...]:
-        return posterior(self.counts.get(phase, Counts()), self.base, PRIOR_TRIALS, self.depth)
+        if phase not in self._means:
+            self._means[phase] = posterior(self.counts.get(phase, Counts()), self.base, PRIOR_TRIALS, self.depth)
+        return self._means[phase]
 
     def snapshot(self) -> dict:
         return {phase.value: [round(p, 3) for p in self.mean(phase)[:4]] for phase in self.counts}
