@@ -4,7 +4,9 @@ Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, Veri
 replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed), CanBranch,
 ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified), Describe (ask:
 the prompt cache's account, for /health) and Release, Rollback, StartAhead (tells).
-Sends the prompt cache's Samples to telemetry (once wired) after each prefill and release.
+Sends the prompt cache's Samples to telemetry (once wired) after each prefill and release, and
+FailInFlight(request_ids) to the scheduler (never waiting) when a Rollback or a lookahead start
+fails: those sequences' state is unknown, so they fail rather than decode on.
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -20,7 +22,7 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.prompt_cache import cache_scope
 from runtime.messages import (
-    Branching, CanBranch, Decode, Describe, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
+    Branching, CanBranch, Decode, Describe, FailInFlight, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
     PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
     TimeCell, TokenLogprob,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
@@ -44,21 +46,40 @@ class ModelOwner(Actor):
         self.timer = None  # the self-calibration's probes, built on its first TimeCell
         self.prompt_cache = prompt_cache  # (entries, bytes) at most; either 0: none
         self.telemetry: Actor | None = None  # where the prompt cache's samples go (System wires it)
+        self.scheduler: Actor | None = None  # told to fail requests whose state a failed tell left unknown
         self.reported: dict = {}  # the prompt cache's counters as last sent
 
     async def on_thread(self, fn, *args) -> Any:
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def follow_up(self, fn, *args) -> None:
+    def follow_up(self, fn, *args, lost: tuple[str, ...] = ()) -> None:
         """Queue fn on the owner thread without waiting: the next step's start, which must not delay
         this step's reply (MLX's CPU async_eval computes most of a forward before it returns). Later
-        commands queue behind it; a failure is logged, and the next command on that sequence fails."""
-        asyncio.get_running_loop().run_in_executor(self._thread, fn, *args).add_done_callback(self._follow_up_done)
+        commands queue behind it; a failure fails the `lost` sequences (their state is unknown)."""
+        future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        future.add_done_callback(lambda f: self._follow_up_done(f, lost))
 
-    def _follow_up_done(self, future) -> None:
+    def _follow_up_done(self, future, lost: tuple[str, ...]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.log.error("follow_up_failed", error=repr(future.exception()))
+            self.lose(lost, future.exception())
+
+    async def losing(self, seq_ids: tuple[str, ...], fn, *args) -> Any:
+        """Run a tell's fn on the thread; if it fails, its sequences' state is unknown: fail them."""
+        try:
+            return await self.on_thread(fn, *args)
+        except Exception as e:
+            self.lose(seq_ids, e)
+            raise
+
+    def lose(self, seq_ids: tuple[str, ...], error: BaseException) -> None:
+        """Tell the scheduler to fail these requests: a command that changes a sequence's state (no
+        asker to fail) left it unknown, and decoding on would emit garbage. Never waits (the
+        scheduler asks this actor: a waiting send back could deadlock)."""
+        if seq_ids and self.scheduler is not None:
+            self.scheduler.tell_nowait(FailInFlight(error=f"the model owner lost this request's state: {error!r}",
+                                                    status=500, request_ids=tuple(seq_ids)))
 
     async def setup(self) -> None:
         started = time.perf_counter()
@@ -97,7 +118,7 @@ class ModelOwner(Actor):
             case Prefill():
                 reply = await self.on_thread(self._prefill, msg)
                 if msg.lookahead and not self.batched:
-                    self.follow_up(self.engine.start_ahead, (msg.seq_id,))
+                    self.follow_up(self.engine.start_ahead, (msg.seq_id,), lost=(msg.seq_id,))
                 await self.report_cache()
                 return reply
             case PrefillChunk():
@@ -107,7 +128,7 @@ class ModelOwner(Actor):
             case Decode():
                 reply = await self.on_thread(self._decode, msg)
                 if ahead := tuple(s for s, a in zip(msg.seq_ids, msg.lookahead) if a):
-                    self.follow_up(self.engine.start_ahead, ahead)
+                    self.follow_up(self.engine.start_ahead, ahead, lost=ahead)
                 return reply
             case Propose():
                 return await self.on_thread(self._propose, msg)
@@ -118,10 +139,10 @@ class ModelOwner(Actor):
             case VerifyBatch():
                 return await self.on_thread(self._verify_batch, msg)
             case Rollback():
-                return await self.on_thread(self.engine.rollback, msg.seq_id, msg.drafted, msg.accepted,
-                                            list(msg.emitted))
+                return await self.losing((msg.seq_id,), self.engine.rollback, msg.seq_id, msg.drafted,
+                                         msg.accepted, list(msg.emitted))
             case StartAhead():
-                return self.follow_up(self.engine.start_ahead, msg.seq_ids)
+                return self.follow_up(self.engine.start_ahead, msg.seq_ids, lost=msg.seq_ids)
             case Release():
                 await self.on_thread(self.engine.release, msg.seq_id, msg.tokens)
                 return await self.report_cache()

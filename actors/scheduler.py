@@ -95,7 +95,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
             case FailInFlight():
                 failure = ActorFailure("system", msg.error, msg.status)
                 for seq in [*self.waiting, *self.active.values()]:
-                    await self.fail(seq, failure)
+                    if not msg.request_ids or seq.request_id in msg.request_ids:
+                        await self.fail(seq, failure)
             case _:
                 assert_never(msg)
 

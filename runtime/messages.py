@@ -376,10 +376,12 @@ class Describe(_Msg, frozen=True):
 
 
 class FailInFlight(_Msg, frozen=True):
-    """Another actor stopped: fail every request you hold with this error (scheduler)."""
+    """Another actor stopped: fail every request you hold with this error (scheduler); with
+    request_ids, only those (the model owner lost their state)."""
 
     error: str
     status: int = 503
+    request_ids: tuple[str, ...] = ()
 
 
 class FailOpen(_Msg, frozen=True):
