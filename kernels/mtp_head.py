@@ -10,6 +10,8 @@ concatenation puts the embedding first, as DeepSeek-V3 (eh_proj) and Qwen (mtp.f
 projection weights load unchanged. h_j is the target's last hidden state after its final norm,
 which is what an mlx-lm `model.model(...)` returns; the head's own output h'_j follows the same
 convention, so depth d+1 feeds (h'_j, its own draft) at position j+1, like a decode step.
+A fused head (`feature_layers`, EAGLE-3 style) reads, for exact pairs, a projection of chosen decoder
+layers' outputs with h_j (kernels/features.py) in place of h_j; its deeper drafts still read h'_j.
 
 Cache discipline: the cache holds one entry per exact pair (target hidden, emitted token) fed so
 far. `draft` feeds the new exact pairs, drafts K tokens, then trims its K-1 speculative entries
@@ -41,6 +43,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from kernels.features import FeatureFusion
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
 HEAD_WEIGHTS = "mtp_head.safetensors"
@@ -66,10 +69,18 @@ class MTPConfig:
     num_layers: int = 1  # 1 = one block shared by every depth
     draft_vocab_size: int | None = None  # N: draft over N tokens of the target's vocabulary
     vocab_size: int | None = None  # the target's vocabulary size, needed with draft_vocab_size
+    # Decoder layers whose outputs are fused with the final hidden state (kernels/features.py);
+    # empty: the final hidden state alone, as every head saved before this field.
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features an exact pair carries."""
+        return self.hidden_size * (1 + len(self.feature_layers))
 
 
 class MTPDraft(NamedTuple):
@@ -150,6 +161,8 @@ class MTPHead(nn.Module):
         self.pre_fc_norm_embedding = nn.RMSNorm(dim, eps=eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(dim, eps=eps)
         self.fc = nn.Linear(2 * dim, dim, bias=False)
+        if config.feature_layers:
+            self.features = FeatureFusion(dim, len(config.feature_layers), eps)
         self.layers = [MTPBlock(config) for _ in range(config.num_layers)]
         if config.own_norm:
             self.norm = nn.RMSNorm(dim, eps=eps)
@@ -163,15 +176,19 @@ class MTPHead(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def forward(
-        self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache
+        self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache, exact: bool = True
     ) -> mx.array:
-        """Pairs (h_j, t_{j+1}) -> the head's normed outputs; hidden [1, L, d], tokens [1, L]."""
-        x = self.fuse(hidden, tokens, embed)
+        """Pairs (h_j, t_{j+1}) -> the head's normed outputs; tokens [1, L]; hidden [1, L, F]: the
+        target's features (exact pairs, F = feature_width) or the head's own outputs (F = d)."""
+        x = self.fuse(hidden, tokens, embed, exact)
         x = self.layers[0](x, create_attention_mask(x, cache[0]), cache[0])
         return self.norm(x) if "norm" in self else final_norm(x)
 
-    def fuse(self, hidden: mx.array, tokens: mx.array, embed: Module) -> mx.array:
-        """The block's input: fc(concat(normed embedding of t_{j+1}, normed h_j))."""
+    def fuse(self, hidden: mx.array, tokens: mx.array, embed: Module, exact: bool = True) -> mx.array:
+        """The block's input: fc(concat(normed embedding of t_{j+1}, normed h_j)); a fused head's h_j
+        of an exact pair is its projection of the target's layers (its own outputs are used as they are)."""
+        if exact and "features" in self:
+            hidden = self.features(hidden)
         embedded = self.pre_fc_norm_embedding(embed(tokens))
         return self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
 
@@ -217,7 +234,7 @@ class MTPHead(nn.Module):
             else:
                 ids.append(self._full_ids(greedy(logits)))
             if depth + 1 < k:
-                h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache)
+                h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache, exact=False)
         # Drop the k-1 speculative positions now: only exact pairs ever stay in the cache.
         for layer_cache in cache:
             layer_cache.trim(k - 1)
@@ -306,6 +323,7 @@ def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
     config_path = path / HEAD_CONFIG if path.is_dir() else path.with_suffix(".json")
     fields = json.loads(config_path.read_text())
     fields.pop("base", None)  # what the head fits, read by kernels/heads.py
+    fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
     return _build_head(MTPConfig(**fields), mx.load(str(weights_path)), dtype)
 
 
