@@ -162,11 +162,16 @@ def run(args: argparse.Namespace, base=None) -> Path:
 
     base = base if base is not None else load(args.model, rows_kernel=False).model  # training: no vjp
     base.freeze()
+    if args.keep_draft_vocab and not args.init_from:
+        raise SystemExit("--keep-draft-vocab needs --init-from HEAD")
     layers = tuple(args.feature_layers)
     seqs = [s for d in args.data for s in sequences_from(load_shards(Path(d).expanduser()), stored_layers(d), layers)]
     train_seqs, val_seqs = split_sequences(seqs)
     vocab = base.args.vocab_size
-    draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
+    if args.keep_draft_vocab:  # the earlier head's own draft tokens: heads compared on one vocabulary
+        draft_ids = load_mtp_head(Path(args.init_from).expanduser()).vocab_map.tolist()
+    else:
+        draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
     index = draft_index(draft_ids, vocab)
     answers_only = args.loss_on == "answers"
     batches = Batches(train_seqs, index, args.window, args.batch, args.seed, answers_only)
@@ -223,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
                    help="weight of cross-entropy against the base's next distribution (draft vocabulary)")
     p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
     p.add_argument("--init-from", default=None, help="a trained head directory to continue from")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="with --init-from: draft over that head's vocabulary instead of re-choosing it from the data")
     p.add_argument("--init", choices=["identity", "last-layer", "random"], default="last-layer")
     p.add_argument("--train-lm-head", action="store_true")
     p.add_argument("--steps", type=int, default=400)

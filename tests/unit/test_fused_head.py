@@ -108,6 +108,15 @@ def test_data_keeps_the_layers_and_replay_feeds_each_head_its_own(tmp_path):
     assert a.accepted == b.accepted and a.eligible == b.eligible
 
 
+def test_the_feature_cost_is_timed_beside_the_stock_forward():
+    from kernels.mtp_eval import verify_ms
+
+    model = tiny_llama(seed=4)
+    for layers in ((), (0,)):
+        stock, fed = verify_ms(model, 2, layers, context=8, repeats=2)
+        assert stock > 0 and fed > 0
+
+
 def test_expected_length_weights_are_the_gain_of_each_depth():
     # One chain starting at position 0: c1 = 0.5 (pass 0, j=0), c2 = 0.4 (pass 1, j=1), c3 = 0.3 (pass 2, j=2).
     probs = [mx.array([[0.5, 0.0, 0.0]]), mx.array([[0.0, 0.4, 0.0]]), mx.array([[0.0, 0.0, 0.3]])]
