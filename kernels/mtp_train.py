@@ -205,9 +205,10 @@ def _write_record(out: Path, args, scores: dict, val_coverage: float, seqs: int)
         "train_sequences": seqs,
         "validation": {**scores, "draft_vocab_coverage": val_coverage},
     }
-    if args.init_from:  # the run this one continued: its own record sits beside its head folder
-        earlier = Path(args.init_from).expanduser().parent / "train.json"
-        record["continued_from"] = json.loads(earlier.read_text()) if earlier.exists() else str(args.init_from)
+    if args.init_from:  # the run this one continued: its record beside its head folder (a shipped head: inside)
+        head_dir = Path(args.init_from).expanduser()
+        found = [p for p in (head_dir.parent / "train.json", head_dir / "train.json") if p.exists()]
+        record["continued_from"] = json.loads(found[0].read_text()) if found else str(args.init_from)
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
