@@ -92,7 +92,7 @@ def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[
     hidden, feats = body(model, batch, cache, layers)
     top = _argmax_rows(lm_head, hidden)
     mx.eval(feats, top)
-    hiddens = [[np.array(feats[i, pads[i]:].astype(hidden_dtype))] for i in range(width)]
+    hiddens = [[np.array(_stored(feats[i, pads[i]:], hidden_dtype))] for i in range(width)]
     argmaxes = [[np.array(top[i, pads[i]:])] for i in range(width)]
     answers: list[list[int]] = [[] for _ in range(width)]
     active = list(range(width))
@@ -114,12 +114,19 @@ def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[
         hidden, feats = body(model, last[:, None], cache, layers)
         last = mx.argmax(lm_head(hidden[:, 0]), axis=-1).astype(mx.int32)
         mx.eval(feats, last)
-        step_hidden = np.array(feats[:, 0].astype(hidden_dtype))
+        step_hidden = np.array(_stored(feats[:, 0], hidden_dtype))
         for i, row in enumerate(active):
             hiddens[row].append(step_hidden[i : i + 1])
             argmaxes[row].append(np.array(last[i : i + 1]))
     dim = model.model.norm.weight.shape[0]
     return [_trace(prompts[i], answers[i], hiddens[i], argmaxes[i], dim) for i in range(width)]
+
+
+def _stored(rows: mx.array, dtype: mx.Dtype) -> mx.array:
+    # Middle layers' residual streams reach ~25,000 here (float16 ends at 65,504): clip, never inf.
+    if dtype == mx.float16:
+        rows = mx.clip(rows, -65504.0, 65504.0)
+    return rows.astype(dtype)
 
 
 def _trace(prompt, answer, hiddens, argmaxes, dim: int) -> Trace:
