@@ -140,7 +140,7 @@ def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, 
             started = time.perf_counter()
         if step % args.checkpoint_every == 0 or step == last:
             save_checkpoint(ckpt, head, optimizer, step)
-        if step % args.eval_every == 0 or step == args.steps:
+        if step % args.eval_every == 0 and step < args.steps:  # the last step's is run()'s final one
             scores = validate(head, base, val_batches, args.depths)
             log({"step": step, "val_acc": scores["top1_by_depth"], "val_expected_length": scores["expected_length"]})
     return head
@@ -183,6 +183,7 @@ def run(args: argparse.Namespace, base=None) -> Path:
     head = new_head(base, draft_ids, args.init, args.seed, args.init_from, layers)
     head = train(base, batches, val, head, args, log)
     final = validate(head, base, val, args.depths)
+    log({"step": args.steps, "val_acc": final["top1_by_depth"], "val_expected_length": final["expected_length"]})
     save_mtp_head(head, out / "head", dtype=mx.float16)
     _write_record(out, args, final, coverage(val_seqs, draft_ids), len(train_seqs))
     return out / "head"
