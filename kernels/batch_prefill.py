@@ -14,6 +14,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import commit, note, processed
 from kernels.prompt_store import copy_layers, restored_cache
@@ -106,12 +107,13 @@ def _copy_row(engine, group: PrefillGroup, b: int, twin) -> None:
 
 def _forward(engine, group: PrefillGroup, n: int) -> mx.array:
     start = group.done
-    hidden = engine.model.model(group.tokens[:, start:start + n], cache=group.cache)
+    layers = engine.drafter.feature_layers if engine.drafter is not None else ()
+    final, hidden = body(engine.model, group.tokens[:, start:start + n], group.cache, layers)
     for b, (pad, state) in enumerate(zip(group.pads, group.states)):
         first = max(0, pad - start)  # the drafter sees each row's real tokens, not its padding
         if first < n and (drafter := engine.drafter_of(state)) is not None:
             drafter.fed(state, group.tokens[b, start + first:start + n], hidden[b, first:])
-    return output_head(engine.model)(hidden)
+    return output_head(engine.model)(final)
 
 
 def _first_token(state, logits: mx.array) -> mx.array:

@@ -1,7 +1,8 @@
 """Model-side drafters, run by the engine on the owner thread: an MTP head and a draft model.
 
 Both keep their own KV cache in step with the target's committed tokens. The engine calls:
-fed(state, tokens, hidden) for every plain or prefill forward of the target; undo_feed(state) when a
+fed(state, tokens, hidden) for every plain or prefill forward of the target (hidden: the features
+kernels/features.body gives for the drafter's `feature_layers`); undo_feed(state) when a
 lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
 after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
 also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
@@ -20,6 +21,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.features import check_layers
 from kernels.loader import output_head
 from kernels.mtp_head import MTPHead
 from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
@@ -41,7 +43,9 @@ class MtpDrafter:
     keep_log = False  # the prompt cache sets it: every pair's hidden row stays, in d["log"]
 
     def __init__(self, head: MTPHead, target):
+        check_layers(target, head.config.feature_layers)
         self.head, self.target = head, target
+        self.feature_layers = head.config.feature_layers  # the target's layers fed with its hidden state
         inner = target.model
         self.embed, self.norm = inner.embed_tokens, inner.norm
         self.lm_head = output_head(target)
@@ -99,7 +103,7 @@ class MtpDrafter:
             order = mx.argpartition(-probs, kth=top)[:top + 1]  # the top + 1 likeliest, unordered
             tops.append((_full(head, order), probs[order]))
             if depth + 1 < k:
-                x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache)
+                x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache, exact=False)
         for layer_cache in cache:
             layer_cache.trim(k - 1)
         ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
@@ -214,6 +218,7 @@ class DraftModelDrafter:
     (the sequence's `last` excluded: it is added at propose time)."""
 
     wants_hidden = False
+    feature_layers = ()
 
     def __init__(self, model):
         from kernels.prompt_store import supports

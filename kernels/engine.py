@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.acceptance import accept_drafts, accept_greedy
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import Processor, ProcessSpec, blocks_lookahead, commit, make_processor, note, processed
 from kernels.sampling import probs_from_logits, sample
@@ -201,8 +202,8 @@ class Engine:
             logits = self.model(tokens[None], cache=state.cache)[0]
             hidden = None
         else:
-            hidden = self.model.model(tokens[None], cache=state.cache)[0]
-            logits = output_head(self.model)(hidden)
+            final, features = body(self.model, tokens[None], state.cache, drafter.feature_layers)
+            logits, hidden = output_head(self.model)(final[0]), features[0]
         if drafter is not None:
             drafter.verified(state, hidden) if verifying else drafter.fed(state, tokens, hidden)
         return logits
