@@ -36,7 +36,7 @@ def run(kind: str, twins: bool, temperature: float) -> tuple[dict, int, dict]:
     return outs, spent, cached
 
 
-@pytest.mark.parametrize("kind", ["none", "mtp", "draft-model"])
+@pytest.mark.parametrize("kind", ["none", "mtp", "mtp-fused", "draft-model"])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_twins_decode_as_if_each_had_prefilled(kind, temperature):
     shared, spent_shared, cached = run(kind, twins=True, temperature=temperature)
