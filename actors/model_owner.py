@@ -24,7 +24,7 @@ from runtime.prompt_cache import cache_scope
 from runtime.messages import (
     Branching, CanBranch, Decode, Describe, FailInFlight, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
     PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
-    TimeCell, TokenLogprob,
+    TimeCell, TokenLogprob, OwnerCommand,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
 )
 
@@ -48,30 +48,28 @@ class ModelOwner(Actor):
         self.telemetry: Actor | None = None  # where the prompt cache's samples go (System wires it)
         self.scheduler: Actor | None = None  # told to fail requests whose state a failed tell left unknown
         self.reported: dict = {}  # the prompt cache's counters as last sent
+        # Distributed (actors/group_owner.py, actors/follower.py): the group's channel, set before loading
+        self.channel, self.parallel = None, "auto"
+        self.layout, self.pids, self.collectives_ms = None, [], {}
+        self.timings: dict[str, tuple[int, float]] = {}  # per command kind: (count, seconds) on the thread
 
     async def on_thread(self, fn, *args) -> Any:
         """Run fn on the owner thread (MLX evaluates only on the thread that built the graph)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await self.submit(fn, *args)
 
-    def follow_up(self, fn, *args, lost: tuple[str, ...] = ()) -> None:
-        """Queue fn on the owner thread without waiting: the next step's start, which must not delay
-        this step's reply (MLX's CPU async_eval computes most of a forward before it returns). Later
-        commands queue behind it; a failure fails the `lost` sequences (their state is unknown)."""
-        future = asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        future.add_done_callback(lambda f: self._follow_up_done(f, lost))
+    def follow_up(self, msg: StartAhead) -> None:
+        """Queue a command on the owner thread without waiting: the next step's start, which must not
+        delay this step's reply (MLX's CPU async_eval computes most of a forward before it returns).
+        Later commands queue behind it; a failure fails its sequences (their state is unknown)."""
+        self.submit(self.execute, msg).add_done_callback(lambda f: self._follow_up_done(f, msg.seq_ids))
+
+    def submit(self, fn, *args) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def _follow_up_done(self, future, lost: tuple[str, ...]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.log.error("follow_up_failed", error=repr(future.exception()))
             self.lose(lost, future.exception())
-
-    async def losing(self, seq_ids: tuple[str, ...], fn, *args) -> Any:
-        """Run a tell's fn on the thread; if it fails, its sequences' state is unknown: fail them."""
-        try:
-            return await self.on_thread(fn, *args)
-        except Exception as e:
-            self.lose(seq_ids, e)
-            raise
 
     def lose(self, seq_ids: tuple[str, ...], error: BaseException) -> None:
         """Tell the scheduler to fail these requests: a command that changes a sequence's state (no
@@ -93,14 +91,25 @@ class ModelOwner(Actor):
         from kernels.heads import build_drafter
         from kernels.loader import load
 
-        loaded = load(self.model_path, self.rows_kernel)
+        if self.channel is not None:  # distributed: the ranks must load alike, checked before loading
+            from kernels.group import join
+
+            self.pids = join(self.channel, self.model_path, [self.prefill_step, self.spec, self.batched,
+                                                             self.rows_kernel, self.prompt_cache, self.parallel])
+        loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head, self.rows_kernel)
         from kernels.prompt_store import PromptStore
 
-        store = PromptStore(*self.prompt_cache) if min(self.prompt_cache) > 0 else None
+        share = loaded.layout[1] if loaded.layout else 1
+        store = PromptStore(*self.prompt_cache, kv_share=share) if min(self.prompt_cache) > 0 else None
         self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched, prompt_cache=store)
+        if self.channel is not None:
+            from kernels.sharding import probe_collectives
+
+            self.layout = loaded.layout[0]
+            self.collectives_ms = probe_collectives(loaded.model, self.layout, self.channel.group)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,
@@ -111,51 +120,73 @@ class ModelOwner(Actor):
             await self.on_thread(self.engine.close)
         self._thread.shutdown(wait=True, cancel_futures=True)
 
-    async def handle(self, msg: Prefill | PrefillChunk | Decode | Release | Propose | ProposeMany | VerifyDrafts
-                     | VerifyBatch | Rollback | StartAhead | TimeCell | CanBranch | ProposeTree | VerifyTree
-                     | Describe) -> Any:
+    async def handle(self, msg: OwnerCommand | Describe) -> Any:
         match msg:
-            case Prefill():
-                reply = await self.on_thread(self._prefill, msg)
-                if msg.lookahead and not self.batched:
-                    self.follow_up(self.engine.start_ahead, (msg.seq_id,), lost=(msg.seq_id,))
-                await self.report_cache()
-                return reply
-            case PrefillChunk():
-                reply = await self.on_thread(self._prefill_chunk, msg)
-                await self.report_cache()
-                return reply
-            case Decode():
-                reply = await self.on_thread(self._decode, msg)
-                if ahead := tuple(s for s, a in zip(msg.seq_ids, msg.lookahead) if a):
-                    self.follow_up(self.engine.start_ahead, ahead, lost=ahead)
-                return reply
-            case Propose():
-                return await self.on_thread(self._propose, msg)
-            case ProposeMany():
-                return await self.on_thread(lambda: tuple(self._propose(item) for item in msg.items))
-            case VerifyDrafts():
-                return await self.on_thread(self._verify, msg)
-            case VerifyBatch():
-                return await self.on_thread(self._verify_batch, msg)
-            case Rollback():
-                return await self.losing((msg.seq_id,), self.engine.rollback, msg.seq_id, msg.drafted,
-                                         msg.accepted, list(msg.emitted))
-            case StartAhead():
-                return self.follow_up(self.engine.start_ahead, msg.seq_ids, lost=msg.seq_ids)
-            case Release():
-                await self.on_thread(self.engine.release, msg.seq_id, msg.tokens)
-                return await self.report_cache()
             case Describe():
                 return self.describe_cache()
+            case StartAhead():
+                return self.follow_up(msg)
+            case _:
+                try:
+                    reply = await self.on_thread(self.execute, msg)
+                except Exception as e:
+                    if isinstance(msg, Rollback):  # a tell: no asker learns of it
+                        self.lose((msg.seq_id,), e)
+                    raise
+        match msg:
+            case Prefill() if msg.lookahead and not self.batched:
+                self.follow_up(StartAhead(seq_ids=(msg.seq_id,)))
+            case Decode() if (ahead := tuple(s for s, a in zip(msg.seq_ids, msg.lookahead) if a)):
+                self.follow_up(StartAhead(seq_ids=ahead))
+        if isinstance(msg, (Prefill, PrefillChunk, Release)):
+            await self.report_cache()
+        return reply
+
+    def execute(self, msg: OwnerCommand) -> Any:
+        """Run one command on the owner thread (the other ranks of a distributed group run each
+        command rank 0 runs, in the same order: actors/group_owner.py); its time goes to `timings`."""
+        started = time.perf_counter()
+        try:
+            return self._run(msg)
+        finally:
+            kind = type(msg).__name__
+            count, seconds = self.timings.get(kind, (0, 0.0))
+            self.timings[kind] = (count + 1, seconds + time.perf_counter() - started)
+
+    def describe_timings(self) -> dict:
+        """What each kind of command has cost on the owner thread (for /health; plain numbers)."""
+        return {kind: {"count": n, "mean_ms": round(1e3 * s / n, 3)} for kind, (n, s) in list(self.timings.items())}
+
+    def _run(self, msg: OwnerCommand) -> Any:
+        match msg:
+            case Prefill():
+                return self._prefill(msg)
+            case PrefillChunk():
+                return self._prefill_chunk(msg)
+            case Decode():
+                return self._decode(msg)
+            case StartAhead():
+                return self.engine.start_ahead(msg.seq_ids)
+            case Propose():
+                return self._propose(msg)
+            case ProposeMany():
+                return tuple(self._propose(item) for item in msg.items)
+            case VerifyDrafts():
+                return self._verify(msg)
+            case VerifyBatch():
+                return self._verify_batch(msg)
+            case Rollback():
+                return self.engine.rollback(msg.seq_id, msg.drafted, msg.accepted, list(msg.emitted))
+            case Release():
+                return self.engine.release(msg.seq_id, msg.tokens)
             case TimeCell():
-                return await self.on_thread(self._time_cell, msg)
+                return self._time_cell(msg)
             case CanBranch():
-                return await self.on_thread(self._can_branch)
+                return self._can_branch()
             case ProposeTree():
-                return await self.on_thread(self._propose_tree, msg)
+                return self._propose_tree(msg)
             case VerifyTree():
-                return await self.on_thread(self._verify_tree, msg)
+                return self._verify_tree(msg)
             case _:
                 assert_never(msg)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import kernels  # noqa: F401  (BLAS before mlx)
@@ -14,9 +15,11 @@ from mlx_lm.utils import load_model
 
 
 class LoadedModel:
-    def __init__(self, model: nn.Module, path: Path, config: dict, matmul: str = "stock"):
+    def __init__(self, model: nn.Module, path: Path, config: dict, matmul: str = "stock",
+                 layout: tuple[str, Fraction] | None = None):
         self.model, self.path, self.config = model, path, config
         self.matmul = matmul  # the decode steps' products: "rows kernel on for 4-12 rows", or "stock ..."
+        self.layout = layout  # distributed: ("tensor" | "pipeline", this rank's share of the KV); else None
 
     @property
     def context_length(self) -> int:
@@ -48,28 +51,53 @@ class LoadedModel:
         return f"{q['bits']}-bit{mode} (group {q['group_size']}), {activations} activations"
 
 
-def load(path: Path | str, rows_kernel: bool = True) -> LoadedModel:
-    """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False."""
+def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str = "auto") -> LoadedModel:
+    """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False. With a
+    kernels.group Channel, this rank's part of it (kernels/sharding.py), split before its weights
+    are read; every rank of the group calls this together."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not an mlx-lm model directory (no config.json)")
     model, config = load_model(path, lazy=True)
+    layout = None
+    if channel is not None:
+        from kernels.sharding import shard
+
+        layout = shard(model, channel.group, parallel)
     if mx.default_device() == mx.cpu and not _is_quantized(config):
         # float32 is the fastest dtype on the CPU backend (float16 ~3x slower here).
         model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     config = config if isinstance(config, dict) else json.loads((path / "config.json").read_text())
-    return LoadedModel(model, path, config, matmul=use_rows_kernel(model, rows_kernel))
+    # The kernel goes in after the split: shard_linear takes only nn.Linear layers.
+    matmul = use_rows_kernel(model, rows_kernel, channel)
+    return LoadedModel(model, path, config, matmul=matmul, layout=layout)
 
 
-def use_rows_kernel(model: nn.Module, wanted: bool) -> str:
-    """Swap the kernel in where wanted; says what the model's products run on."""
+def use_rows_kernel(model: nn.Module, wanted: bool, channel=None) -> str:
+    """Swap the kernel in where wanted; says what the model's products run on. In a group every
+    rank takes rank 0's row counts, and none takes the kernel unless all have it."""
     if not wanted:
         return "stock"
     from kernels import rows_matmul
 
+    if channel is not None and not _agree_rows(model, channel):
+        return "stock (rows kernel unavailable on some rank of the group)"
     swapped = rows_matmul.install(model) > 0 and rows_matmul.taken_rows()
     return f"rows kernel {rows_matmul.status()}" if swapped else f"stock (rows kernel {rows_matmul.status()})"
+
+
+def _agree_rows(model: nn.Module, channel) -> bool:
+    from kernels import rows_matmul
+
+    mask = 0
+    if channel.rank == 0 and rows_matmul.available():
+        mask = sum(1 << r for r in rows_matmul.choose_for(model))  # timed on rank 0 alone
+    facts = channel.gather_ints([int(rows_matmul.available()), mask])
+    if not all(available for available, _ in facts):
+        return False
+    rows_matmul.adopt(r for r in range(64) if facts[0][1] >> r & 1)
+    return True
 
 
 def output_head(model):

@@ -10,6 +10,7 @@ therefore never shares writable state with an entry or with another sequence.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import NamedTuple
 
 import kernels  # noqa: F401  (BLAS before mlx)
@@ -54,8 +55,11 @@ def supports(cache: list) -> bool:
 
 
 class PromptStore:
-    def __init__(self, max_entries: int, max_bytes: int):
+    def __init__(self, max_entries: int, max_bytes: int, kv_share: Fraction = Fraction(1)):
         self.index = PromptCacheIndex(max_entries, max_bytes)
+        # A rank of a distributed group holds this share of the model's KV; entries are counted in
+        # whole-model bytes, so every rank evicts (and reuses) the same entries as rank 0.
+        self.kv_share = kv_share
 
     def peek(self, scope: str, prompt) -> int:
         return self.index.peek(scope, tuple(prompt))
@@ -80,7 +84,7 @@ class PromptStore:
         if snap is None and drafts:
             return  # the drafter is mid-step: its state is not that of these tokens
         kv = kv_source()
-        nbytes = layers_nbytes(kv) + (snap.nbytes if snap is not None else 0)
+        nbytes = int(layers_nbytes(kv) / self.kv_share) + (snap.nbytes if snap is not None else 0)
         self.index.insert(scope, tokens, nbytes, Stored(kv, snap))
 
     def snapshot(self) -> dict:

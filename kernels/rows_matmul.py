@@ -26,6 +26,7 @@ from pathlib import Path
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.nn.layers.distributed import AllToShardedLinear, ShardedToAllLinear
 
 SOURCE = Path(__file__).with_name("rows_matmul")
 BUILD_ROOT = Path(sys.prefix) / "metrale-build"
@@ -190,6 +191,18 @@ class RowsLinear(nn.Module):
         return product(x, self.weight)
 
 
+class RowsShardedToAll(nn.Module):
+    """A tensor-parallel row shard (mlx.nn's ShardedToAllLinear, bias-free): the kernel's product of
+    this rank's part, then the sum over the group."""
+
+    def __init__(self, weight: mx.array, group):
+        super().__init__()
+        self.weight, self.group = weight, group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.distributed.all_sum(product(x, self.weight), group=self.group)
+
+
 class RowsEmbedding(nn.Embedding):
     """A tied embedding whose use as the LM head goes through the kernel."""
 
@@ -204,12 +217,25 @@ class RowsEmbedding(nn.Embedding):
 def install(model: nn.Module) -> int:
     """Swap the model's float32 bias-free linear layers (and a tied LM head) for kernel ones;
     returns how many were swapped (0 when the kernel is unavailable)."""
-    global _rows, _rows_chosen
     if load() is None:
         return 0
-    if not _rows_chosen:  # the first model's products decide, once per machine
-        _rows, _rows_chosen = rows_for(_products(model)), True
+    choose_for(model)
     return _swap(model, _to_kernel)
+
+
+def choose_for(model: nn.Module) -> frozenset[int]:
+    """The row counts the kernel takes: the first model's products decide, once per machine."""
+    global _rows, _rows_chosen
+    if not _rows_chosen and load() is not None:
+        _rows, _rows_chosen = rows_for(_products(model)), True
+    return _rows
+
+
+def adopt(rows) -> None:
+    """Take another process's row counts instead of timing here: a distributed group's ranks must
+    compute their replicated parts (the LM head) alike, so they all take rank 0's."""
+    global _rows, _rows_chosen
+    _rows, _rows_chosen = frozenset(rows), True
 
 
 def rows_for(weights: list[mx.array]) -> frozenset[int]:
@@ -264,15 +290,20 @@ def uninstall(model: nn.Module) -> None:
 
 
 def _to_kernel(layer):
-    if type(layer) is nn.Linear and "bias" not in layer and layer.weight.dtype == mx.float32:
-        return RowsLinear(layer.weight)
+    if type(layer) in (nn.Linear, AllToShardedLinear) and "bias" not in layer and layer.weight.dtype == mx.float32:
+        return RowsLinear(layer.weight)  # a column shard's forward is its own product alone
+    if type(layer) is ShardedToAllLinear and "bias" not in layer and layer.weight.dtype == mx.float32:
+        return RowsShardedToAll(layer.weight, layer.group)
     if type(layer) is nn.Embedding and layer.weight.dtype == mx.float32:
         return RowsEmbedding(layer.weight)
     return None
 
 
 def _to_stock(layer):
-    if type(layer) is RowsLinear:
+    if type(layer) is RowsShardedToAll:
+        out, shard_in = layer.weight.shape
+        stock = ShardedToAllLinear(shard_in * layer.group.size(), out, bias=False, group=layer.group)
+    elif type(layer) is RowsLinear:
         stock = nn.Linear(*reversed(layer.weight.shape), bias=False)
     elif type(layer) is RowsEmbedding:
         stock = nn.Embedding(*layer.weight.shape)

@@ -99,16 +99,54 @@ def cmd_serve(args) -> int:
 
     tracing.configure(config.server.log_format)
     make_mode(config.scheduler)  # an unavailable mode fails here, before the model is fetched
-    model_dir = resolve_model(config)
+    rank = group_rank(config)
+    model_dir = resolve_in_turn(config, rank)
+    if rank > 0:  # a follower: rank 0's commands on this rank's part of the model, no server
+        from actors.follower import follow
+
+        _exit(follow(config, model_dir))
     from runtime.server import serve
     from runtime.system import System
 
     asyncio.run(_serve(System, serve, config, model_dir))
+    _exit(0)
+
+
+def _exit(code: int) -> None:
     # Every request has ended and every actor has stopped. Skip the interpreter's teardown: MLX's
     # per-thread stream workers can abort it ("terminate called without an active exception").
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def resolve_in_turn(config: Config, rank: int) -> Path:
+    """The model directory; in a group rank 0 fetches (or converts) first and the others after it,
+    so ranks sharing one machine never convert into the same folder at once."""
+    if not config.distributed.enabled:
+        return resolve_model(config)
+    from kernels.group import barrier
+
+    model_dir = resolve_model(config) if rank == 0 else None
+    barrier()
+    return model_dir or resolve_model(config)
+
+
+def group_rank(config: Config) -> int:
+    """This process's rank in the mlx.launch group (0 when not distributed); a clear error where
+    --distributed finds no group of two or more processes."""
+    if not config.distributed.enabled:
+        return 0
+    from kernels.group import GroupLost, init_group
+
+    try:
+        group = init_group()
+    except GroupLost as e:
+        raise ConfigError(f"--distributed: {e}, e.g. `mlx.launch --backend ring -n 2 -- metrale serve "
+                          f"--distributed` (README: several machines)") from None
+    if group.size() < 2:
+        raise ConfigError("--distributed: this process is alone in its group; start two or more with mlx.launch")
+    return group.rank()
 
 
 async def _serve(system_cls, serve, config, model_dir) -> None:

@@ -110,6 +110,20 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     suppress_tool_call: doc(bool, "a sequence inside a <tool_call> block decodes plainly (spec/mtp_gate.md)") = False
 
 
+class DistributedConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One model over the processes of an `mlx.launch` group (actors/group_owner.py, actors/follower.py)."""
+
+    enabled: doc(bool, "serve one model split over the processes mlx.launch started: rank 0 serves HTTP and "
+                       "runs every actor, the other ranks run its commands on their part of the model") = False
+    parallel: doc(Literal["auto", "tensor", "pipeline"],
+                  "tensor: every rank holds a slice of every layer (mlx-lm's model.shard); pipeline: each rank "
+                  "holds whole layers; auto: tensor where the architecture has it and its heads divide by the "
+                  "number of processes, else pipeline") = "auto"
+    timeout_s: doc(float, "a command the group has not finished after this many seconds fails the group: "
+                          "every in-flight request fails and /health reports it (a rank died or hangs)") = 60.0
+    heartbeat_s: doc(float, "an idle rank 0 checks the other ranks this often (seconds)") = 1.0
+
+
 class ActorsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Each actor's inbox bound: how many messages may wait before a sender waits too."""
 
@@ -129,6 +143,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     scheduler: SchedulerConfig = SchedulerConfig()
     spec: SpecConfig = SpecConfig()
     gate: GateConfig = GateConfig()
+    distributed: DistributedConfig = DistributedConfig()
     actors: ActorsConfig = ActorsConfig()
 
 
@@ -219,6 +234,15 @@ def validate(config: Config) -> Config:
         raise ConfigError("--exploration-share must be in [0, 0.5]")
     if config.spec.watts_per_core <= 0:
         raise ConfigError("--watts-per-core must be positive")
+    group = config.distributed
+    if not 0 < group.heartbeat_s < group.timeout_s:
+        raise ConfigError("--group-heartbeat-s must be positive and below --group-timeout-s")
+    if group.enabled and sched.mode == "hyper":
+        raise ConfigError("--distributed serves --scheduler-mode serial or mtp_batch; hyper's draft trees are "
+                          "verified by a single process only")
+    if group.enabled and config.model.fault_after_steps is not None:
+        raise ConfigError("--fault-after-steps (test only) injects its fault into a single-process owner: "
+                          "not with --distributed")
     if config.spec.drafter == "draft-model" and not config.spec.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     return config

@@ -16,7 +16,9 @@ import msgspec.inspect as mi
 from runtime.config import Config, override
 
 RENAMED = {("model", "path"): "model", ("scheduler", "mode"): "scheduler-mode",
-           ("spec", "cost_model"): "spec-cost-model", ("spec", "cost_slack"): "spec-cost-slack"}
+           ("spec", "cost_model"): "spec-cost-model", ("spec", "cost_slack"): "spec-cost-slack",
+           ("distributed", "enabled"): "distributed", ("distributed", "timeout_s"): "group-timeout-s",
+           ("distributed", "heartbeat_s"): "group-heartbeat-s"}
 PREFIXED = frozenset({"gate"})  # names like `margin` alone would not say what they set
 
 

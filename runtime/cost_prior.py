@@ -18,18 +18,20 @@ from runtime.online_cost import OnlineCostModel
 from runtime.self_calibration import SELF_CALIBRATED
 
 
-def prior_tables(model: str, drafter: str, cache: str | None) -> list[tuple[Path, str]]:
-    """Candidate tables, best first, with the origin each would have if native."""
+def prior_tables(model: str, drafter: str, cache: str | None, first: Path | None = None) -> list[tuple[Path, str]]:
+    """Candidate tables, best first, with the origin each would have if native; `first` (a
+    distributed group's own learned table) before them."""
     from runtime.calibrate import SHIPPED_DIR, table_name, table_path
 
-    return [(table_path(model, drafter, cache), "cache"), (SHIPPED_DIR / table_name(model, drafter), "shipped")]
+    found = [(table_path(model, drafter, cache), "cache"), (SHIPPED_DIR / table_name(model, drafter), "shipped")]
+    return ([(first, "cache")] if first is not None else []) + found
 
 
 def load_prior(model: str, drafter: str, cache: str | None, machine: str, log,
-               blas: str | None = None) -> tuple[CostTable, str] | None:
+               blas: str | None = None, first: Path | None = None) -> tuple[CostTable, str] | None:
     """The first readable table and its origin ("cache", "shipped", or "foreign-..." when measured
     on another machine or, given `blas`, with another BLAS); None when there is none."""
-    for path, origin in prior_tables(model, drafter, cache):
+    for path, origin in prior_tables(model, drafter, cache, first):
         if not path.exists():
             continue
         try:

@@ -404,6 +404,24 @@ class CellTimed(_Msg, frozen=True):
     joules: float
 
 
+# --- the model owner's thread, and rank 0 -> the other ranks of a distributed group --------------
+
+# What the owner thread runs; a distributed rank 0 broadcasts each before running it (actors/group_owner.py).
+OwnerCommand = (Prefill | PrefillChunk | Decode | StartAhead | Release | Propose | ProposeMany | VerifyDrafts
+                | VerifyBatch | Rollback | TimeCell | CanBranch | ProposeTree | VerifyTree)
+
+
+class Heartbeat(_Msg, frozen=True):
+    """Rank 0 is alive and idle; the other ranks answer it as they answer any command."""
+
+
+class StopFollowers(_Msg, frozen=True):
+    """Rank 0 is shutting down: the other ranks end their loops and exit."""
+
+
+GroupCommand = OwnerCommand | Heartbeat | StopFollowers
+
+
 class Sample(_Msg, frozen=True):
     """One measurement: a counter increment or an observed value."""
 

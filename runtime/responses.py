@@ -166,6 +166,9 @@ class Health(_Out, frozen=True, kw_only=True):
     scheduler: dict[str, Any] | None
     prompt_cache: dict[str, Any] | None  # entries, bytes, bounds, queries, hits, hit_tokens, evictions, ...
     telemetry: dict[str, Any]
+    # --distributed: state (ok | lost), lost (why), size, parallel, pids, commands, command_ms, collectives_ms
+    distributed: dict[str, Any] | None = None
+    owner_ms: dict[str, Any] | None = None  # per model-owner command kind: count, mean_ms
 
 
 # --- WebSocket: server -> client ---------------------------------------------------------------

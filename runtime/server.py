@@ -78,6 +78,8 @@ async def health(request: web.Request) -> web.Response:
         "uptime_s": round(time.monotonic() - system.started_at, 3),
         "scheduler": scheduler,
         "prompt_cache": prompt_cache,
+        "distributed": system.describe_group(),
+        "owner_ms": system.describe_owner(),
         "telemetry": await system.telemetry.ask(Snapshot()),
     }
     return web.Response(body=msgspec.json.encode(body), content_type="application/json",

@@ -120,12 +120,17 @@ class System:
 
         model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
         learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
+        own = None
+        if (group := self.describe_group()) is not None:  # a split model's steps cost what its group's do
+            machine = f"{machine} | {group['parallel']} over {group['size']} processes"
+            own = learned = table_path(f"{model} {group['parallel']}{group['size']}", self.info.drafter,
+                                       self.config.model.cache_dir)
         energy_source = open_meter(spec.watts_per_core).source
         learning = Learning(save=lambda costs: save_learned(costs, learned, machine=machine, blas=self.info.compute,
                                                             energy_source=energy_source, log=self.log),
                             make_controller=self._make_controller)
         found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log,
-                           blas=self.info.compute)
+                           blas=self.info.compute, first=own)
         if found is not None:
             return self._make_controller(*found), learning
         if self.info.drafter in ("mtp", "ngram"):
@@ -184,6 +189,16 @@ class System:
         except (ActorFailure, asyncio.TimeoutError):
             return None
 
+    def describe_owner(self) -> dict:
+        """What each kind of model-owner command has cost (mean ms, count)."""
+        describe = getattr(self.owner, "describe_timings", None)
+        return describe() if describe is not None else {}
+
+    def describe_group(self) -> dict | None:
+        """The distributed group's account (None when this server runs alone)."""
+        describe = getattr(self.owner, "describe_group", None)
+        return describe() if describe is not None else None
+
     async def describe_scheduler(self) -> dict | None:
         """The scheduler's own account of its state (an ask: nothing outside it reads its containers)."""
         try:
@@ -202,12 +217,22 @@ class System:
         self.log.info("system_stopped")
 
 
-def make_owner(config: Config, model_dir: Path) -> Actor:
-    """The model owner; with the test-only fault_after_steps, one that fails one step (runtime/faults.py)."""
+def owner_args(config: Config, model_dir: Path) -> tuple[tuple, dict]:
+    """ModelOwner's arguments from the config (every rank of a distributed group builds the same)."""
     args = (model_dir, config.model.prefill_step, config.spec)
     batched = config.scheduler.mode == "mtp_batch"
-    kwargs = {"batched": batched, "rows_kernel": config.model.rows_kernel,
-              "prompt_cache": (config.model.prompt_cache_size, config.model.prompt_cache_bytes)}
+    return args, {"batched": batched, "rows_kernel": config.model.rows_kernel,
+                  "prompt_cache": (config.model.prompt_cache_size, config.model.prompt_cache_bytes)}
+
+
+def make_owner(config: Config, model_dir: Path) -> Actor:
+    """The model owner; distributed, rank 0's (actors/group_owner.py); with the test-only
+    fault_after_steps, one that fails one step (runtime/faults.py)."""
+    args, kwargs = owner_args(config, model_dir)
+    if config.distributed.enabled:
+        from actors.group_owner import GroupOwner
+
+        return GroupOwner(*args, **kwargs, group=config.distributed)
     if config.model.fault_after_steps is None:
         return ModelOwner(*args, **kwargs)
     from runtime.faults import FaultOnceOwner
