@@ -55,6 +55,9 @@ class Admission(Actor):
         prompt_ids = self.tokenize(msg)
         field = "messages" if msg.messages is not None else "prompt"
         params = self.fit_to_context(msg.params, len(prompt_ids), field)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.codec.vocab_size:
+            raise Rejected(f"logit_bias names token {params.logit_bias[-1][0]}; this model's vocabulary has "
+                           f"{self.codec.vocab_size} tokens", 400, "logit_bias")
         admitted = Admitted(request_id=msg.request_id, prompt_ids=tuple(prompt_ids), params=params,
                             submitted_at=msg.submitted_at or time.monotonic())
         self.pending.add(msg.request_id)

@@ -4,7 +4,9 @@ Receives Prefill, PrefillChunk, Decode, Propose, ProposeMany, VerifyDrafts, Veri
 replies Prefilled, PrefillProgress, Decoded, Drafted, Verified, VerifiedBatch, CellTimed), CanBranch,
 ProposeTree, VerifyTree (hyper mode's draft trees: Branching, DraftedTree, TreeVerified), Describe (ask:
 the prompt cache's account, for /health) and Release, Rollback, StartAhead (tells).
-Sends the prompt cache's Samples to telemetry (once wired) after each prefill and release.
+Sends the prompt cache's Samples to telemetry (once wired) after each prefill and release, and
+FailInFlight(request_ids) to the scheduler (never waiting) when a Rollback or a lookahead start
+fails: those sequences' state is unknown, so they fail rather than decode on.
 Replies hold plain Python values, never an mx.array. A failed command fails only its asker.
 """
 
@@ -20,7 +22,7 @@ from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.prompt_cache import cache_scope
 from runtime.messages import (
-    Branching, CanBranch, Decode, Describe, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
+    Branching, CanBranch, Decode, Describe, FailInFlight, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
     PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
     TimeCell, TokenLogprob, OwnerCommand,
     TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
@@ -44,6 +46,7 @@ class ModelOwner(Actor):
         self.timer = None  # the self-calibration's probes, built on its first TimeCell
         self.prompt_cache = prompt_cache  # (entries, bytes) at most; either 0: none
         self.telemetry: Actor | None = None  # where the prompt cache's samples go (System wires it)
+        self.scheduler: Actor | None = None  # told to fail requests whose state a failed tell left unknown
         self.reported: dict = {}  # the prompt cache's counters as last sent
         # Distributed (actors/group_owner.py, actors/follower.py): the group's channel, set before loading
         self.channel, self.parallel = None, "auto"
@@ -57,15 +60,24 @@ class ModelOwner(Actor):
     def follow_up(self, msg: StartAhead) -> None:
         """Queue a command on the owner thread without waiting: the next step's start, which must not
         delay this step's reply (MLX's CPU async_eval computes most of a forward before it returns).
-        Later commands queue behind it; a failure is logged, and the next command on that sequence fails."""
-        self.submit(self.execute, msg).add_done_callback(self._follow_up_done)
+        Later commands queue behind it; a failure fails its sequences (their state is unknown)."""
+        self.submit(self.execute, msg).add_done_callback(lambda f: self._follow_up_done(f, msg.seq_ids))
 
     def submit(self, fn, *args) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def _follow_up_done(self, future) -> None:
+    def _follow_up_done(self, future, lost: tuple[str, ...]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.log.error("follow_up_failed", error=repr(future.exception()))
+            self.lose(lost, future.exception())
+
+    def lose(self, seq_ids: tuple[str, ...], error: BaseException) -> None:
+        """Tell the scheduler to fail these requests: a command that changes a sequence's state (no
+        asker to fail) left it unknown, and decoding on would emit garbage. Never waits (the
+        scheduler asks this actor: a waiting send back could deadlock)."""
+        if seq_ids and self.scheduler is not None:
+            self.scheduler.tell_nowait(FailInFlight(error=f"the model owner lost this request's state: {error!r}",
+                                                    status=500, request_ids=tuple(seq_ids)))
 
     async def setup(self) -> None:
         started = time.perf_counter()
@@ -115,7 +127,12 @@ class ModelOwner(Actor):
             case StartAhead():
                 return self.follow_up(msg)
             case _:
-                reply = await self.on_thread(self.execute, msg)
+                try:
+                    reply = await self.on_thread(self.execute, msg)
+                except Exception as e:
+                    if isinstance(msg, Rollback):  # a tell: no asker learns of it
+                        self.lose((msg.seq_id,), e)
+                    raise
         match msg:
             case Prefill() if msg.lookahead and not self.batched:
                 self.follow_up(StartAhead(seq_ids=(msg.seq_id,)))
@@ -180,7 +197,8 @@ class ModelOwner(Actor):
         p = msg.params
         if p.processed:
             self.engine.specs[msg.seq_id] = ProcessSpec(p.presence_penalty, p.frequency_penalty,
-                                                        p.repetition_penalty, p.logprobs, self._matcher(p.grammar))
+                                                        p.repetition_penalty, p.logprobs, self._matcher(p.grammar),
+                                                        p.logit_bias)
 
     def _matcher(self, grammar: str | None):
         from runtime.grammar import new_matcher, tokenizer_of_dir

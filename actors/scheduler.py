@@ -95,7 +95,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
             case FailInFlight():
                 failure = ActorFailure("system", msg.error, msg.status)
                 for seq in [*self.waiting, *self.active.values()]:
-                    await self.fail(seq, failure)
+                    if not msg.request_ids or seq.request_id in msg.request_ids:
+                        await self.fail(seq, failure)
             case _:
                 assert_never(msg)
 
@@ -120,6 +121,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         if choice.step is GateStep.MTP:
             if self.widening is None or not await self.widening.widen(batch, choice):
                 await self.spec_step(batch, choice)
+        elif not choice.ahead and (forced := self.forced_plain(batch)) is not None:
+            await self.forced_step(batch, forced)
         else:
             await self.plain_step(batch, chosen=choice.eligible > 0)
 
@@ -199,9 +202,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
 
     async def plain_step(self, batch: list[Sequence], chosen: bool = False) -> None:
         ids = tuple(s.request_id for s in batch)
-        # Start the next plain step early when it will likely be one: nobody waiting or prefilling
-        # to join (a group that joins makes the owner drop that early step).
-        ahead = self.mode.lookahead and not self.waiting and not self.prefilling and self.policy.next_is_plain(batch)
+        ahead = self.may_look_ahead(batch)
         self.ahead = ahead  # the next step is computing already: it will not explore
         started, energy = time.perf_counter(), self.meter.read()
         try:

@@ -14,8 +14,11 @@ from runtime.decisions import step_trace
 from runtime.messages import (
     ActorFailure, Draft, Drafted, DraftMany, Sample, StartAhead, VerifyBatch, VerifyDrafts,
 )
+from runtime.gate import GateStep
 from runtime.sequence import Sequence
 from runtime.speculation import StepChoice
+
+FORCED_MAX = 8  # forced tokens one plain-step forward takes (the cost tables' deepest verify)
 
 
 class SpecStep:
@@ -55,12 +58,15 @@ class SpecStep:
             controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
                                    verify_ms=(started + wall - drafted_at) * 1e3,
                                    verify_j=self.meter.read().since(drafted_energy),
-                                   draft_width=sum(1 for d in drafts if d), draft_ms=(drafted_at - started) * 1e3,
+                                   draft_width=sum(1 for d in drafts if d and not d.forced),
+                                   draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens)
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
-            if row.drafts:
+            if row.drafts and drafted.forced:
+                seq.spec.note_forced(len(row.drafts), wall)
+            elif row.drafts:
                 seq.spec.note_verify(len(row.drafts), result.accepted, wall, drafted.confidences)
-                if controller is not None and not drafted.forced:
+                if controller is not None:
                     controller.record_outcome(seq, len(row.drafts), result.accepted)
             else:
                 seq.spec.plain_steps += 1
@@ -77,12 +83,18 @@ class SpecStep:
         """Where the next step will likely be plain, start it now (the rollbacks are queued at the owner
         before it), as a plain step's lookahead would: no plain step after a verify starts cold."""
         going = tuple(s.request_id for s, r in zip(batch, results) if s.remaining - len(r.emitted) >= 1)
-        self.ahead = bool(going) and self.mode.lookahead and not self.waiting and not self.prefilling \
-            and self.policy.next_is_plain(batch)
+        self.ahead = bool(going) and self.may_look_ahead(batch)
         if self.ahead:
             await self.owner.tell(StartAhead(seq_ids=going))
             if self.policy.controller is not None:
                 self.policy.controller.ahead_started()
+
+    def may_look_ahead(self, batch: list[Sequence]) -> bool:
+        """Whether to start the next plain step now: it will likely be one, nobody waits or prefills to
+        join (a group that joins makes the owner drop it), and no row is structured output (its
+        grammar's next mask needs this step's token: the owner starts none, kernels/processing.py)."""
+        return self.mode.lookahead and not self.waiting and not self.prefilling and \
+            self.policy.next_is_plain(batch) and all(s.constraint is None for s in batch)
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""
@@ -119,11 +131,27 @@ class SpecStep:
             drafts[i] = drafted if drafted.tokens else None
         return drafts
 
+    async def forced_step(self, batch: list[Sequence], forced: Drafted) -> None:
+        """A plain step of one sequence whose grammar forces its next tokens: they are verified as
+        free drafts, all accepted, so one forward emits them all. Not speculation: no drafter ran, and
+        the gate and the acceptance estimates never see it; the verify cell learns its cost."""
+        started, energy = time.perf_counter(), self.meter.read()
+        self.ahead = False
+        choice = StepChoice(GateStep.MTP, (len(forced.tokens),), pinned=True)
+        await self.verify_drafts(batch, choice, [forced], started, energy)
+
+    def forced_plain(self, batch: list[Sequence]) -> Drafted | None:
+        """The forced tokens a plain step of this one sequence can take at once (None: none, or a
+        batch, where one row's drafts would widen every row's verify)."""
+        if len(batch) != 1:
+            return None
+        return self.forced(batch[0], min(FORCED_MAX, batch[0].remaining - 1))
+
     def forced(self, seq: Sequence, k: int) -> Drafted | None:
         """Structured output: the tokens the grammar forces next as this step's drafts, where any."""
         if not self.forced_drafts or seq.constraint is None:
             return None
-        tokens = tuple(seq.constraint.forced()[:k])
+        tokens = tuple(seq.constraint.forced()[:k]) if k > 0 else ()
         return Drafted(tokens=tokens, confidences=(), has_probs=False, seconds=0.0, forced=True) if tokens else None
 
     def draft_request(self, seq: Sequence, depth: int) -> Draft | None:

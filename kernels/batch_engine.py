@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.acceptance import accept_drafts, accept_greedy
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import blocks_lookahead, commit, note, processed
 from kernels.sampling import probs_from_logits, sample
@@ -124,8 +125,8 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     states = [engine.seqs[s] for s in batch.ids]
     width = 1 + max(len(drafts) for drafts, _ in by_id.values())
     inputs = [_row_tokens(state, by_id[s][0], width) for s, state in zip(batch.ids, states)]
-    hidden = engine.model.model(mx.stack(inputs), cache=batch.cache)
-    logits = output_head(engine.model)(hidden)
+    final, hidden = _body(engine, mx.stack(inputs), batch.cache)
+    logits = output_head(engine.model)(final)
     greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
     mx.eval(greedy)
     greedy_rows = greedy.tolist()
@@ -189,8 +190,8 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
     batch.sync(engine, seq_ids)
     states = [engine.seqs[s] for s in batch.ids]
     inputs = mx.stack([state.last.astype(mx.uint32).reshape(-1) for state in states])
-    hidden = engine.model.model(inputs, cache=batch.cache)
-    logits = output_head(engine.model)(hidden)[:, -1]
+    final, hidden = _body(engine, inputs, batch.cache)
+    logits = output_head(engine.model)(final)[:, -1]
     greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
     tokens = []
     for b, state in enumerate(states):
@@ -208,6 +209,12 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
             drafter.fed(state, inputs[b], hidden[b])
         tokens.append(token.astype(mx.uint32))
     return mx.concatenate(tokens)
+
+
+def _body(engine, tokens: mx.array, cache) -> tuple[mx.array, mx.array]:
+    """(final hidden, the drafter's features): the layers its head reads come from this forward."""
+    layers = engine.drafter.feature_layers if engine.drafter is not None else ()
+    return body(engine.model, tokens, cache, layers)
 
 
 def _row_tokens(state, drafts: list[int], width: int) -> mx.array:

@@ -21,6 +21,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.ngram import propose_ngram
 from kernels.sampling import greedy, top1_logprob
@@ -66,7 +67,7 @@ class MtpDraftProbe:
         self.head, self.embed, self.norm = head, inner.embed_tokens, inner.norm
         self.lm_head = output_head(target)
         tokens = mx.array([list(context)], dtype=mx.int32)
-        hidden = inner(tokens)
+        hidden = body(target, tokens, None, head.config.feature_layers)[1]  # what the runtime feeds it
         self.cache = head.make_cache()
         head.forward(hidden[:, :-1], tokens[:, 1:], self.embed, self.norm, self.cache)
         self.hidden, self.token = hidden[:, -1:], tokens[:, -1:]
@@ -86,7 +87,7 @@ class MtpDraftProbe:
             draft = greedy(logits)
             ids.append(head.vocab_map[draft] if head.reduced else draft)
             if depth + 1 < k:
-                h = head.forward(h, ids[-1][:, None], self.embed, self.norm, self.cache)
+                h = head.forward(h, ids[-1][:, None], self.embed, self.norm, self.cache, exact=False)
         mx.eval(ids, confidences)
         for c in self.cache:
             c.trim(k)  # the new pair and the k-1 speculative positions

@@ -1,13 +1,15 @@
 """Model-side drafters, run by the engine on the owner thread: an MTP head and a draft model.
 
 Both keep their own KV cache in step with the target's committed tokens. The engine calls:
-fed(state, tokens, hidden) for every plain or prefill forward of the target; undo_feed(state) when a
+fed(state, tokens, hidden) for every plain or prefill forward of the target (hidden: the features
+kernels/features.body gives for the drafter's `feature_layers`); undo_feed(state) when a
 lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
 after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
 also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
 For the prompt cache (kernels/prompt_store.py): snapshot(state, n) -> the state for the first n
 committed tokens, owned; restore(state, snapshot, tokens, m) -> a new sequence's state for the
-first m <= n of them, exactly as if it had been fed those m tokens.
+first m <= n of them, exactly as if it had been fed those m tokens. For a prefill twin
+(kernels/batch_prefill.py): clone(source, twin) -> twin's state a copy of source's, its caches owned.
 (N-gram lookup needs no model and runs in the drafter actor itself.)
 """
 
@@ -19,6 +21,7 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.features import check_layers
 from kernels.loader import output_head
 from kernels.mtp_head import MTPHead
 from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
@@ -36,10 +39,13 @@ class MtpDrafter:
     sequence's `last`."""
 
     wants_hidden = True
+    clonable = True  # its head caches are plain KV caches
     keep_log = False  # the prompt cache sets it: every pair's hidden row stays, in d["log"]
 
     def __init__(self, head: MTPHead, target):
+        check_layers(target, head.config.feature_layers)
         self.head, self.target = head, target
+        self.feature_layers = head.config.feature_layers  # the target's layers fed with its hidden state
         inner = target.model
         self.embed, self.norm = inner.embed_tokens, inner.norm
         self.lm_head = output_head(target)
@@ -97,7 +103,7 @@ class MtpDrafter:
             order = mx.argpartition(-probs, kth=top)[:top + 1]  # the top + 1 likeliest, unordered
             tops.append((_full(head, order), probs[order]))
             if depth + 1 < k:
-                x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache)
+                x = head.forward(x, ids[-1].reshape(1, 1), self.embed, self.norm, cache, exact=False)
         for layer_cache in cache:
             layer_cache.trim(k - 1)
         ids_array, logprob_array = mx.stack(ids), mx.stack(logprobs)
@@ -149,6 +155,14 @@ class MtpDrafter:
         d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
         d["unpaired"], d["undo"] = snap.hidden[m - 1], None
 
+    def clone(self, source, twin) -> None:
+        d = dict(self._own(source))
+        d["cache"] = owned_caches(d["cache"], self.head.make_cache)
+        for name in ("hidden", "tokens", "log"):  # lists of immutable arrays: new lists, shared rows
+            d[name] = list(d[name])
+        twin.drafter.clear()
+        twin.drafter.update(d)
+
     def _add(self, d: dict, hidden: mx.array, tokens: mx.array) -> None:
         if self.keep_log:
             d["log"].append(hidden)
@@ -180,6 +194,12 @@ def _full(head: MTPHead, ids: mx.array) -> mx.array:
     return head.vocab_map[ids] if head.reduced else ids
 
 
+def owned_caches(caches: list, fresh) -> list:
+    """Copies of KV caches that share no buffer a later write could reach (fresh() when empty)."""
+    n = caches[0].offset if caches else 0
+    return restored_cache(copy_layers([(c.keys, c.values) for c in caches], 0, n), n) if n else fresh()
+
+
 class MtpSnapshot(NamedTuple):
     head: tuple  # the head cache's layers for its first `absorbed` pairs (kernels/prompt_store.Layers)
     absorbed: int
@@ -198,9 +218,13 @@ class DraftModelDrafter:
     (the sequence's `last` excluded: it is added at propose time)."""
 
     wants_hidden = False
+    feature_layers = ()
 
     def __init__(self, model):
+        from kernels.prompt_store import supports
+
         self.model = model
+        self.clonable = supports(make_prompt_cache(model))  # rotating or quantized caches are not copied
 
     def _own(self, state) -> dict:
         if not state.drafter:
@@ -221,6 +245,13 @@ class DraftModelDrafter:
             d["cache"] = restored_cache(snap.kv, fed)
         d["unfed"] = [mx.array(tokens[fed:m], dtype=mx.uint32)] if m > fed else []
         d["fed_last"] = 0
+
+    def clone(self, source, twin) -> None:
+        d = dict(self._own(source))
+        d["cache"] = owned_caches(d["cache"], lambda: make_prompt_cache(self.model))
+        d["unfed"] = list(d["unfed"])
+        twin.drafter.clear()
+        twin.drafter.update(d)
 
     def fed(self, state, tokens: mx.array, hidden=None) -> None:
         d = self._own(state)

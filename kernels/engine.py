@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from kernels.acceptance import accept_drafts, accept_greedy
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import Processor, ProcessSpec, blocks_lookahead, commit, make_processor, note, processed
 from kernels.sampling import probs_from_logits, sample
@@ -57,7 +58,10 @@ class Engine:
         # mtp_batch: decoding sequences live in one batch cache; serial keeps one cache per sequence
         self.batch = Batch() if batched else None
         # A kernels.prompt_store.PromptStore, or None (off, or a model whose caches it cannot copy)
-        self.prompt_cache = prompt_cache if prompt_cache is not None and supports(make_prompt_cache(model)) else None
+        copyable = supports(make_prompt_cache(model))
+        self.prompt_cache = prompt_cache if prompt_cache is not None and copyable else None
+        # prefill twins (kernels/batch_prefill.py) copy KV and drafter caches: plain KV caches only
+        self.can_twin = copyable and getattr(drafter, "clonable", True)
         if self.prompt_cache is not None and drafter is not None:
             drafter.keep_log = True
         self.progress = _nothing  # called after each prefill chunk (a distributed group's watchdog)
@@ -110,13 +114,13 @@ class Engine:
             firsts, spent = advance(self, group, budget)
         except BaseException:
             self.batch.prefilling = None  # the scheduler fails the group's sequences
-            for seq_id in group.ids:
+            for seq_id in group.all_ids:
                 self.seqs.pop(seq_id, None)
             raise
         if firsts is None:
             return firsts_now or None, spent + hit_tokens
         self.batch.prefilling = None
-        return {**firsts_now, **dict(zip(group.ids, firsts))}, spent + hit_tokens
+        return {**firsts_now, **dict(zip(group.all_ids, firsts))}, spent + hit_tokens
 
     def _cache_hits(self, items) -> tuple[list, list]:
         """(newcomers whose prompt shares a cached prefix, the rest)."""
@@ -200,8 +204,8 @@ class Engine:
             logits = self.model(tokens[None], cache=state.cache)[0]
             hidden = None
         else:
-            hidden = self.model.model(tokens[None], cache=state.cache)[0]
-            logits = output_head(self.model)(hidden)
+            final, features = body(self.model, tokens[None], state.cache, drafter.feature_layers)
+            logits, hidden = output_head(self.model)(final[0]), features[0]
         if drafter is not None:
             drafter.verified(state, hidden) if verifying else drafter.fed(state, tokens, hidden)
         return logits
@@ -276,8 +280,8 @@ class Engine:
             state.length -= drafted - accepted
         else:
             self._trim(state, drafted - accepted)
-        if self.drafter is not None:
-            self.drafter.commit(state, drafted, accepted, emitted)
+        if (drafter := self.drafter_of(state)) is not None:  # a sequence that never drafts (a grammar's
+            drafter.commit(state, drafted, accepted, emitted)  # forced run under disable_mtp) has no drafter state
         commit(state, emitted)
         state.last = mx.array(emitted[-1:], dtype=mx.uint32)
         state.draft_probs = None

@@ -1,6 +1,7 @@
 """Training examples for an MTP head from self-distillation shards: windows, batches, draft vocabulary.
 
-A window of a sequence covers positions j in [start, start + width): inputs h_j and tokens[j+1],
+A window of a sequence covers positions j in [start, start + width): inputs h_j (a fused head: its
+layers' outputs, then h_j) and tokens[j+1],
 target g_{j+1} (the base's greedy token after tokens[j+1]) mapped into the draft vocabulary, and
 h_{j+1}, the base's own hidden state there, which the head's output should resemble.
 Batches are bucketed by window length (little padding) and drawn in an order fixed by
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from kernels.features import select
+
 BUCKET = 64  # batches are formed within groups of BUCKET * batch windows sorted by length
 
 
@@ -24,15 +27,21 @@ class Sequence:
     hidden: np.ndarray  # float16 [T, d]; row T-1 is empty
     argmax: np.ndarray  # int32 [T]; -1 where there is no h_t
     prompt_len: int
+    features: np.ndarray | None = None  # float16 [T, n*d]: the outputs of a fused head's n layers
 
 
-def sequences_from(shards: list[dict[str, np.ndarray]]) -> list[Sequence]:
+def sequences_from(shards: list[dict[str, np.ndarray]], stored: tuple[int, ...] = (),
+                   wanted: tuple[int, ...] = ()) -> list[Sequence]:
+    """The shards' sequences; with `wanted` layers (a fused head), their outputs picked from the
+    layers the data `stored`."""
     seqs = []
     for shard in shards:
         starts = shard["starts"]
+        kept = shard.get("features", shard["hidden"][:, :0])  # data made without layers keeps none
+        extra = select(kept, stored, wanted, shard["hidden"].shape[1]) if wanted else None
         for n, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
             seqs.append(Sequence(shard["tokens"][a:b], shard["hidden"][a:b], shard["argmax"][a:b],
-                                 int(shard["prompt_lens"][n])))
+                                 int(shard["prompt_lens"][n]), None if extra is None else extra[a:b]))
     return seqs
 
 
@@ -123,14 +132,17 @@ class Batches:
     def as_arrays(self, chosen: list[tuple[int, int, int]]) -> dict[str, mx.array]:
         width = max(length for _, _, length in chosen)
         dim = self.seqs[0].hidden.shape[1]
-        hidden = np.zeros((len(chosen), width, dim), np.float32)
+        extra = 0 if self.seqs[0].features is None else self.seqs[0].features.shape[1]
+        hidden = np.zeros((len(chosen), width, extra + dim), np.float32)  # the head's exact-pair input
         next_hidden = np.zeros((len(chosen), width, dim), np.float32)
         tokens = np.zeros((len(chosen), width), np.int32)
         targets = np.full((len(chosen), width), -1, np.int32)
         present = np.zeros((len(chosen), width), bool)
         for row, (n, start, length) in enumerate(chosen):
             seq, stop = self.seqs[n], start + length
-            hidden[row, :length] = seq.hidden[start:stop]
+            hidden[row, :length, extra:] = seq.hidden[start:stop]
+            if extra:
+                hidden[row, :length, :extra] = seq.features[start:stop]
             next_hidden[row, :length] = seq.hidden[start + 1 : stop + 1]
             tokens[row, :length] = seq.tokens[start + 1 : stop + 1]
             target = seq.argmax[start + 1 : stop + 1]

@@ -12,6 +12,10 @@ atomically, so an interrupted run resumes at the next missing shard), plus recip
     hidden  float16 [N, d]  h_t; the last token of each sequence has none (a zero row)
     argmax  int32 [N]       g_t (-1 where there is no h_t)
     starts  int32 [S+1]     sequence boundaries;  prompt_lens int32 [S]
+    features float16 [N, n*d]  with --feature-layers (n layers): those decoder layers' outputs at t,
+                            from the same forward (kernels/features.py), for fused heads
+Each run appends its rate to generation.jsonl: answer tokens generated, wall and CPU seconds
+(time.process_time: every thread of the process), tokens per CPU-hour.
 Run: `OPENBLAS_NUM_THREADS=1 python -m kernels.mtp_data --out ~/.cache/metrale/mtp/data`.
 """
 
@@ -30,6 +34,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
+from kernels.features import body, check_layers
 from kernels.loader import output_head
 from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, recipe
 
@@ -45,6 +50,7 @@ class Trace:
     hidden: np.ndarray
     argmax: np.ndarray
     prompt_len: int
+    features: np.ndarray | None = None  # [T, n*d]: the chosen layers' outputs (rows as hidden)
 
 
 def load_tokenizer(model_dir: Path | str):
@@ -75,17 +81,18 @@ def _argmax_rows(lm_head, hidden: mx.array) -> mx.array:
 
 
 def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[int],
-                    hidden_dtype: mx.Dtype = mx.float16) -> list[Trace]:
-    """Greedy answers for a batch of prompts (left-padded), keeping every h_t and g_t."""
+                    hidden_dtype: mx.Dtype = mx.float16, layers: tuple[int, ...] = ()) -> list[Trace]:
+    """Greedy answers for a batch of prompts (left-padded), keeping every h_t and g_t (and the
+    outputs of decoder `layers` at t)."""
     lm_head, width = output_head(model), len(prompts)
     longest = max(len(p) for p in prompts)
     pads = [longest - len(p) for p in prompts]
     cache = [BatchKVCache(pads) for _ in model.model.layers]
     batch = mx.array([[0] * pad + p for pad, p in zip(pads, prompts)])
-    hidden = model.model(batch, cache=cache)
+    hidden, feats = body(model, batch, cache, layers)
     top = _argmax_rows(lm_head, hidden)
-    mx.eval(hidden, top)
-    hiddens = [[np.array(hidden[i, pads[i]:].astype(hidden_dtype))] for i in range(width)]
+    mx.eval(feats, top)
+    hiddens = [[np.array(_stored(feats[i, pads[i]:], hidden_dtype))] for i in range(width)]
     argmaxes = [[np.array(top[i, pads[i]:])] for i in range(width)]
     answers: list[list[int]] = [[] for _ in range(width)]
     active = list(range(width))
@@ -104,23 +111,33 @@ def generate_traces(model, prompts: list[list[int]], max_tokens: int, stop: set[
             for layer_cache in cache:
                 layer_cache.filter(index)
             last, active = last[index], [active[i] for i in keep]
-        hidden = model.model(last[:, None], cache=cache)
+        hidden, feats = body(model, last[:, None], cache, layers)
         last = mx.argmax(lm_head(hidden[:, 0]), axis=-1).astype(mx.int32)
-        mx.eval(hidden, last)
-        step_hidden = np.array(hidden[:, 0].astype(hidden_dtype))
+        mx.eval(feats, last)
+        step_hidden = np.array(_stored(feats[:, 0], hidden_dtype))
         for i, row in enumerate(active):
             hiddens[row].append(step_hidden[i : i + 1])
             argmaxes[row].append(np.array(last[i : i + 1]))
-    return [_trace(prompts[i], answers[i], hiddens[i], argmaxes[i]) for i in range(width)]
+    dim = model.model.norm.weight.shape[0]
+    return [_trace(prompts[i], answers[i], hiddens[i], argmaxes[i], dim) for i in range(width)]
 
 
-def _trace(prompt, answer, hiddens, argmaxes) -> Trace:
+def _stored(rows: mx.array, dtype: mx.Dtype) -> mx.array:
+    # Middle layers' residual streams reach ~25,000 here (float16 ends at 65,504): clip, never inf.
+    if dtype == mx.float16:
+        rows = mx.clip(rows, -65504.0, 65504.0)
+    return rows.astype(dtype)
+
+
+def _trace(prompt, answer, hiddens, argmaxes, dim: int) -> Trace:
     tokens = list(prompt) + answer
-    hidden, top = np.concatenate(hiddens), np.concatenate(argmaxes)
+    rows, top = np.concatenate(hiddens), np.concatenate(argmaxes)
     # The last emitted token was never fed back, so it has no h_t: pad one empty row.
-    hidden = np.concatenate([hidden, np.zeros((1, hidden.shape[1]), hidden.dtype)])[: len(tokens)]
+    rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])[: len(tokens)]
     top = np.concatenate([top, np.array([-1], np.int32)])[: len(tokens)]
-    return Trace(tokens, hidden, top, len(prompt))
+    # Rows are body()'s features: the chosen layers' outputs, then the final hidden (last d columns).
+    extra = rows[:, :-dim] if rows.shape[1] > dim else None
+    return Trace(tokens, rows[:, -dim:], top, len(prompt), extra)
 
 
 def save_shard(traces: list[Trace], path: Path) -> None:
@@ -132,6 +149,8 @@ def save_shard(traces: list[Trace], path: Path) -> None:
         "starts": starts,
         "prompt_lens": np.array([t.prompt_len for t in traces], np.int32),
     }
+    if traces[0].features is not None:
+        arrays["features"] = np.concatenate([t.features for t in traces]).astype(np.float16)
     tmp = path.with_name(path.stem + ".tmp.safetensors")
     mx.save_safetensors(str(tmp), {k: mx.array(v) for k, v in arrays.items()})
     tmp.rename(path)  # atomic: a shard is either whole or absent
@@ -154,6 +173,7 @@ def build(args: argparse.Namespace) -> None:
     from kernels.loader import load
 
     model = load(args.model).model
+    check_layers(model, tuple(args.feature_layers))
     tokenizer = load_tokenizer(args.model)
     prompts, ids = [], []
     answered = answered_prompts(args.exclude_from)
@@ -169,16 +189,45 @@ def build(args: argparse.Namespace) -> None:
     batches = batches_of(ids, args.batch)[: args.max_shards or None]
     used = sorted(i for batch in batches for i in batch)
     _write_recipe(out, args, [prompts[i] for i in used], [ids[i] for i in used])
+    layers = tuple(args.feature_layers)
+    rate = Rate(args.batch)
     for number, batch in enumerate(batches):
         path = out / f"shard-{number:05d}.safetensors"
         if path.exists():
             continue  # done by an earlier, interrupted run
-        started = time.perf_counter()
-        traces = generate_traces(model, [ids[i] for i in batch], args.max_tokens, stop)
+        rate.start()
+        traces = generate_traces(model, [ids[i] for i in batch], args.max_tokens, stop, layers=layers)
+        rate.stop(traces)
         save_shard(traces, path)
-        tokens = sum(len(t.tokens) for t in traces)
-        print(f"shard {number}: {len(batch)} seqs {tokens} tokens "
-              f"{time.perf_counter() - started:.1f}s", flush=True)
+        print(f"shard {number}: {len(batch)} seqs {sum(len(t.tokens) for t in traces)} tokens "
+              f"{rate.last_wall:.1f}s", flush=True)
+    if rate.shards:
+        with (out / "generation.jsonl").open("a") as log:
+            log.write(json.dumps(rate.record()) + "\n")
+        print(json.dumps(rate.record()), flush=True)
+
+
+class Rate:
+    """Answer tokens generated per wall second and per CPU-hour, over the shards this run made."""
+
+    def __init__(self, width: int):
+        self.width, self.shards, self.answers, self.tokens = width, 0, 0, 0
+        self.wall = self.cpu = self.last_wall = 0.0
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, traces: list[Trace]) -> None:
+        self.last_wall = time.perf_counter() - self._wall
+        self.wall, self.cpu = self.wall + self.last_wall, self.cpu + time.process_time() - self._cpu
+        self.shards, self.answers = self.shards + 1, self.answers + len(traces)
+        self.tokens += sum(len(t.tokens) - t.prompt_len for t in traces)
+
+    def record(self) -> dict:
+        return {"batch": self.width, "shards": self.shards, "answers": self.answers,
+                "generated_tokens": self.tokens, "wall_s": round(self.wall, 1), "cpu_s": round(self.cpu, 1),
+                "tokens_per_wall_s": round(self.tokens / max(self.wall, 1e-9), 2),
+                "tokens_per_cpu_hour": round(3600 * self.tokens / max(self.cpu, 1e-9))}
 
 
 def answered_prompts(folders: list[str]) -> set[str]:
@@ -214,6 +263,7 @@ def _write_recipe(out: Path, args: argparse.Namespace, prompts, ids) -> None:
         "sequences": len(prompts),
         "prompt_tokens": sum(len(i) for i in ids),
         "generation": "chat template, greedy, left-padded batches, stop at EOS or max_tokens",
+        "feature_layers": list(args.feature_layers),
     }
     (out / "recipe.json").write_text(json.dumps(record, indent=2) + "\n")
     (out / "prompts.jsonl").write_text("".join(
@@ -231,6 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=400)
     parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--feature-layers", type=int, nargs="*", default=[], metavar="N",
+                        help="also keep these decoder layers' outputs (0-based), for fused heads")
     parser.add_argument("--exclude-from", nargs="*", default=[], metavar="DIR",
                         help="skip prompts already answered in these data folders")
     # 24 of the 34 batches fit the time budget here (~3 min a batch on one shared core).

@@ -23,9 +23,11 @@ from pathlib import Path
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
+from kernels.features import body, select
 from kernels.loader import output_head
-from kernels.mtp_data import chat_ids, generate_traces
+from kernels.mtp_data import Trace, chat_ids, generate_traces
 from kernels.mtp_head import MTPHead
 
 
@@ -52,7 +54,9 @@ class AcceptanceReport:
     def as_dict(self) -> dict:
         return {"k_max": self.k_max, "prompts": self.prompts, "steps": self.steps,
                 "accepted": list(self.accepted), "eligible": list(self.eligible),
-                "by_position": [round(a, 4) for a in self.by_position]}
+                "by_position": [round(a, 4) for a in self.by_position],
+                # tokens a verify step yields at each depth k: 1 + a_1 + ... + a_k
+                "tokens_per_verify_by_k": [round(1 + self.expected_accepted(k), 4) for k in range(1, self.k_max + 1)]}
 
 
 def measure_acceptance(
@@ -78,21 +82,31 @@ def measure_heads(model, heads: Sequence[MTPHead], prompts: Iterable[Sequence[in
                   max_tokens: int, *, stop_ids: Iterable[int] = (), batch: int = 1) -> list[AcceptanceReport]:
     """measure_acceptance for several heads over one greedy run of the base (the costly part)."""
     prompts = [list(p) for p in prompts]
+    layers = tuple(sorted({n for head in heads for n in head.config.feature_layers}))
     accepted = [np.zeros(k_max, np.int64) for _ in heads]
     eligible = [np.zeros(k_max, np.int64) for _ in heads]
     for start in range(0, len(prompts), batch):
         traces = generate_traces(model, prompts[start : start + batch], max_tokens,
-                                 set(stop_ids), hidden_dtype=mx.float32)
+                                 set(stop_ids), hidden_dtype=mx.float32, layers=layers)
         for trace in traces:
             for n, head in enumerate(heads):
-                a, e = replay(model, head, trace.tokens, trace.hidden, trace.prompt_len, k_max)
+                a, e = replay(model, head, trace.tokens, head_input(head, trace, layers), trace.prompt_len, k_max)
                 accepted[n], eligible[n] = accepted[n] + a, eligible[n] + e
     return [AcceptanceReport(k_max, len(prompts), tuple(a.tolist()), tuple(e.tolist()))
             for a, e in zip(accepted, eligible)]
 
 
+def head_input(head: MTPHead, trace: Trace, stored: tuple[int, ...]) -> np.ndarray:
+    """What the runtime feeds this head at each position of the trace: h_t, or its layers and h_t."""
+    wanted = head.config.feature_layers
+    if not wanted:
+        return trace.hidden
+    return np.concatenate([select(trace.features, stored, wanted, trace.hidden.shape[1]), trace.hidden], axis=1)
+
+
 def replay(model, head: MTPHead, tokens: list[int], hidden: np.ndarray, prompt_len: int, k_max: int):
-    """Draft k_max tokens at every emitted token of one greedy run; (accepted, eligible) counts."""
+    """Draft k_max tokens at every emitted token of one greedy run; (accepted, eligible) counts.
+    hidden [T, F]: the head's exact-pair input at each position (head_input)."""
     embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, output_head(model)
     h = mx.array(hidden)
     cache = head.make_cache()
@@ -115,7 +129,7 @@ def draft_ms(model, head: MTPHead, k: int, context: int = 128, repeats: int = 20
     """Wall milliseconds of one drafting call (one new exact pair, then k drafts) after a
     context of `context` pairs: the drafter's cost per verify step on this machine."""
     embed, final_norm, lm_head = model.model.embed_tokens, model.model.norm, output_head(model)
-    dim = head.config.hidden_size
+    dim = head.config.feature_width  # an exact pair's input: a fused head's layers too
     hidden = mx.random.normal((context + 1, dim), key=mx.random.key(0))
     tokens = mx.random.randint(0, embed.weight.shape[0], (context + 1,), key=mx.random.key(1))
     cache = head.make_cache()
@@ -128,6 +142,25 @@ def draft_ms(model, head: MTPHead, k: int, context: int = 128, repeats: int = 20
         for layer_cache in cache:
             layer_cache.trim(1)  # back to the same context each time
     return 1000 * float(np.median(samples[2:]))
+
+
+def verify_ms(model, k: int, layers: tuple[int, ...], context: int = 128, repeats: int = 20) -> tuple[float, float]:
+    """Median wall ms of one verify forward of k+1 rows after `context` tokens: (stock forward,
+    the forward that also gives a fused head the outputs of `layers`), timed in turn so load hits both."""
+    cache = make_prompt_cache(model)
+    model(mx.arange(context, dtype=mx.uint32)[None] % 100, cache=cache)
+    rows = mx.arange(k + 1, dtype=mx.uint32)[None]
+    samples: dict[tuple, list[float]] = {(): [], **({tuple(layers): []} if layers else {})}
+    for _ in range(repeats + 2):  # the first two warm up
+        for chosen, times in samples.items():
+            started = time.perf_counter()
+            final, features = body(model, rows, cache, chosen)
+            mx.eval(mx.argmax(output_head(model)(final), axis=-1), features)
+            times.append(time.perf_counter() - started)
+            for c in cache:
+                c.trim(k + 1)
+    medians = [1000 * float(np.median(t[2:])) for t in samples.values()]
+    return medians[0], medians[-1]
 
 
 def load_prompt_set(path: str | Path, tokenizer) -> list[list[int]]:
@@ -157,8 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.draft_vocab:
         heads = [shrink_draft_vocab(head, args.draft_vocab) for head in heads]
     if args.timing:
-        timing = {k: round(draft_ms(model, heads[0], k), 2) for k in range(1, args.k + 1)}
-        print(json.dumps({"draft_ms_by_k": timing}), flush=True)
+        for path, head in zip(args.head, heads):
+            layers = head.config.feature_layers
+            timing = {k: round(draft_ms(model, head, k), 2) for k in range(1, args.k + 1)}
+            verify = {k: [round(ms, 2) for ms in verify_ms(model, k, layers)] for k in range(1, args.k + 1)}
+            print(json.dumps({"head": path, "feature_layers": list(layers), "draft_ms_by_k": timing,
+                              "verify_ms_by_k_plain_then_fed": verify}), flush=True)
     for path in args.prompts:
         reports = measure_heads(model, heads, load_prompt_set(path, tokenizer), args.k, args.max_tokens,
                                 stop_ids=eos_ids(tokenizer, args.model), batch=args.batch)

@@ -10,6 +10,8 @@ concatenation puts the embedding first, as DeepSeek-V3 (eh_proj) and Qwen (mtp.f
 projection weights load unchanged. h_j is the target's last hidden state after its final norm,
 which is what an mlx-lm `model.model(...)` returns; the head's own output h'_j follows the same
 convention, so depth d+1 feeds (h'_j, its own draft) at position j+1, like a decode step.
+A fused head (`feature_layers`, EAGLE-3 style) reads, for exact pairs, a projection of chosen decoder
+layers' outputs with h_j (kernels/features.py) in place of h_j; its deeper drafts still read h'_j.
 
 Cache discipline: the cache holds one entry per exact pair (target hidden, emitted token) fed so
 far. `draft` feeds the new exact pairs, drafts K tokens, then trims its K-1 speculative entries
@@ -23,8 +25,8 @@ onto the N most frequent tokens (`draft_lm_head`, rows of the target's LM head) 
 vocabulary (zero outside the map), so callers see no difference; the `lm_head` argument is unused.
 
 Weights on disk: `mtp_head.safetensors` (parameters) and `mtp_head.json` (the MTPConfig fields)
-side by side. `load_qwen_mtp_head` reads the `mtp.*` tensors of a raw Hugging Face Qwen3.5
-checkpoint instead (mlx-lm drops them when it loads the model).
+side by side. `kernels.mtp_qwen.load_qwen_mtp_head` reads the `mtp.*` tensors of a raw Hugging Face
+Qwen3.5 checkpoint instead (mlx-lm drops them when it loads the model).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from kernels.features import FeatureFusion
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
 HEAD_WEIGHTS = "mtp_head.safetensors"
@@ -66,10 +69,18 @@ class MTPConfig:
     num_layers: int = 1  # 1 = one block shared by every depth
     draft_vocab_size: int | None = None  # N: draft over N tokens of the target's vocabulary
     vocab_size: int | None = None  # the target's vocabulary size, needed with draft_vocab_size
+    # Decoder layers whose outputs are fused with the final hidden state (kernels/features.py);
+    # empty: the final hidden state alone, as every head saved before this field.
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features an exact pair carries."""
+        return self.hidden_size * (1 + len(self.feature_layers))
 
 
 class MTPDraft(NamedTuple):
@@ -150,6 +161,8 @@ class MTPHead(nn.Module):
         self.pre_fc_norm_embedding = nn.RMSNorm(dim, eps=eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(dim, eps=eps)
         self.fc = nn.Linear(2 * dim, dim, bias=False)
+        if config.feature_layers:
+            self.features = FeatureFusion(dim, len(config.feature_layers), eps)
         self.layers = [MTPBlock(config) for _ in range(config.num_layers)]
         if config.own_norm:
             self.norm = nn.RMSNorm(dim, eps=eps)
@@ -163,15 +176,19 @@ class MTPHead(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def forward(
-        self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache
+        self, hidden: mx.array, tokens: mx.array, embed: Module, final_norm: Module, cache, exact: bool = True
     ) -> mx.array:
-        """Pairs (h_j, t_{j+1}) -> the head's normed outputs; hidden [1, L, d], tokens [1, L]."""
-        x = self.fuse(hidden, tokens, embed)
+        """Pairs (h_j, t_{j+1}) -> the head's normed outputs; tokens [1, L]; hidden [1, L, F]: the
+        target's features (exact pairs, F = feature_width) or the head's own outputs (F = d)."""
+        x = self.fuse(hidden, tokens, embed, exact)
         x = self.layers[0](x, create_attention_mask(x, cache[0]), cache[0])
         return self.norm(x) if "norm" in self else final_norm(x)
 
-    def fuse(self, hidden: mx.array, tokens: mx.array, embed: Module) -> mx.array:
-        """The block's input: fc(concat(normed embedding of t_{j+1}, normed h_j))."""
+    def fuse(self, hidden: mx.array, tokens: mx.array, embed: Module, exact: bool = True) -> mx.array:
+        """The block's input: fc(concat(normed embedding of t_{j+1}, normed h_j)); a fused head's h_j
+        of an exact pair is its projection of the target's layers (its own outputs are used as they are)."""
+        if exact and "features" in self:
+            hidden = self.features(hidden)
         embedded = self.pre_fc_norm_embedding(embed(tokens))
         return self.fc(mx.concatenate([embedded, self.pre_fc_norm_hidden(hidden)], axis=-1))
 
@@ -217,7 +234,7 @@ class MTPHead(nn.Module):
             else:
                 ids.append(self._full_ids(greedy(logits)))
             if depth + 1 < k:
-                h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache)
+                h = self.forward(h, ids[-1].reshape(1, 1), embed, final_norm, cache, exact=False)
         # Drop the k-1 speculative positions now: only exact pairs ever stay in the cache.
         for layer_cache in cache:
             layer_cache.trim(k - 1)
@@ -306,6 +323,7 @@ def load_mtp_head(path: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
     config_path = path / HEAD_CONFIG if path.is_dir() else path.with_suffix(".json")
     fields = json.loads(config_path.read_text())
     fields.pop("base", None)  # what the head fits, read by kernels/heads.py
+    fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
     return _build_head(MTPConfig(**fields), mx.load(str(weights_path)), dtype)
 
 
@@ -321,64 +339,3 @@ def _build_head(config: MTPConfig, weights: Mapping[str, mx.array], dtype: mx.Dt
 def _as_dtype(value: mx.array, dtype: mx.Dtype | None) -> mx.array:
     floating = mx.issubdtype(value.dtype, mx.floating)
     return value.astype(dtype) if dtype is not None and floating else value
-
-
-# --- Qwen3.5 (and dense Qwen3-Next-style) checkpoints: the `mtp.` tensors -------------------
-
-_DENSE_MLP = tuple(f"mlp.{name}.weight" for name in ("gate_proj", "up_proj", "down_proj"))
-
-
-def qwen_mtp_config(hf_config: Mapping) -> MTPConfig:
-    """The MTPConfig of a Qwen3.5 / Qwen3-Next config.json (top level or its text_config)."""
-    text = hf_config.get("text_config", hf_config)
-    rope = text.get("rope_parameters") or {}
-    heads = text["num_attention_heads"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    partial = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-    return MTPConfig(
-        hidden_size=text["hidden_size"],
-        num_attention_heads=heads,
-        num_key_value_heads=text.get("num_key_value_heads", heads),
-        intermediate_size=text["intermediate_size"],
-        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-        rope_theta=text.get("rope_theta", rope.get("rope_theta", 10000.0)),
-        head_dim=head_dim,
-        rope_dims=int(head_dim * partial),
-        qk_norm=True,
-        gated_attention=True,
-        own_norm=True,
-        num_layers=text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 1)),
-    )
-
-
-def map_qwen_mtp_weights(checkpoint: Mapping[str, mx.array]) -> dict[str, mx.array]:
-    """`mtp.*` checkpoint tensors -> MTPHead parameter names (other tensors are ignored)."""
-    mapped = {}
-    for name, value in checkpoint.items():
-        if not name.startswith("mtp."):
-            continue
-        local = name[len("mtp.") :]
-        if ".mlp." in local and not local.endswith(_DENSE_MLP):
-            raise ValueError(f"mixture-of-experts MTP layers are not supported ({name})")
-        if local.endswith("norm.weight") and value.ndim == 1:
-            value = value + 1.0  # Qwen stores zero-centred RMSNorm weights: scale is 1 + w
-        mapped[local] = value
-    if not mapped:
-        raise ValueError("the checkpoint has no 'mtp.' tensors")
-    return mapped
-
-
-def load_qwen_mtp_head(model_dir: str | Path, dtype: mx.Dtype = mx.float32) -> MTPHead:
-    """The MTP head of a raw Hugging Face Qwen3.5 checkpoint directory."""
-    model_dir = Path(model_dir)
-    config = qwen_mtp_config(json.loads((model_dir / "config.json").read_text()))
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards = sorted({file for name, file in weight_map.items() if name.startswith("mtp.")})
-    else:
-        shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    checkpoint = {}
-    for shard in shards:
-        checkpoint.update(mx.load(str(model_dir / shard)))
-    return _build_head(config, map_qwen_mtp_weights(checkpoint), dtype)

@@ -1,15 +1,11 @@
 """Train an MTP head on self-distillation data (kernels/mtp_data.py); the base model stays frozen.
 
 Each window of a sequence gives, at position j, the pair (h_j, tokens[j+1]) and the target
-g_{j+1}, the base's own greedy token after tokens[j+1]. Depths are unrolled as they run when
-drafting ("training-time test", as in EAGLE-3): pass p >= 1 feeds the previous pass's output at
-j-1 with tokens[j+1] (the token its draft must equal for the next one to matter) and attends to
-exact pairs up to j-p plus its own chain, so deeper drafts learn from the head's own states.
-The loss per depth is cross-entropy over the draft vocabulary plus, as in EAGLE, a regression of
-the head's output onto the base's own hidden state h_{j+1} (relative squared error): a dense
-signal (h_{j+1} carries the base's whole next distribution) that also keeps the head's output
-usable as the next depth's input. Depth p is weighted 1/(p+1); targets outside the draft
-vocabulary cannot be drafted and are left out of the loss (but count as misses).
+g_{j+1}, the base's own greedy token after tokens[j+1]. The objective (unrolled depths as they run
+when drafting, their weights, the regression onto h_{j+1}) is kernels/mtp_loss.py.
+`--feature-layers` trains a fused head (EAGLE-3 style, kernels/features.py) on data that kept
+those layers; it starts as a pass-through of h_j, so from `--init-from` a last-layer head it starts
+as that head.
 
 Checkpoints (head, optimizer state, step) are written atomically every few steps; rerunning the
 same command resumes from the last one. The finished head, its training record (train.json:
@@ -37,80 +33,10 @@ from kernels.mtp_batches import (
 )
 from kernels.mtp_data import DEFAULT_MODEL, command_line, load_shards
 from kernels.mtp_head import MTPConfig, MTPHead, init_draft_vocab, load_mtp_head, save_mtp_head
+from kernels.mtp_loss import WEIGHTINGS, unrolled_loss, validate
 
 
-class PassKeys:
-    """Stands in for a KVCache while training: each pass's keys join those of the passes before."""
-
-    offset = 0  # every pass runs over the same positions
-
-    def __init__(self):
-        self.keys, self.values = [], []
-
-    def update_and_fetch(self, keys, values):
-        self.keys.append(keys)
-        self.values.append(values)
-        return mx.concatenate(self.keys, axis=2), mx.concatenate(self.values, axis=2)
-
-
-def unrolled_mask(width: int, depth: int) -> mx.array:
-    """Keys pass `depth` sees at position j: exact pairs i <= j - depth, and the entry at
-    j - depth + q of each pass q in 1..depth (its own drafting chain, as in the head's cache)."""
-    j, i = mx.arange(width)[:, None], mx.arange(width)[None, :]
-    blocks = [i <= j - depth] + [i == j - depth + q for q in range(1, depth + 1)]
-    return mx.concatenate(blocks, axis=1)
-
-
-def unrolled_outputs(head: MTPHead, base, hidden: mx.array, tokens: mx.array, depths: int):
-    """The head's normed output at every position for each unrolled depth, [B, L, d] each."""
-    embed, final_norm = base.model.embed_tokens, base.model.norm
-    keys, outputs = PassKeys(), []
-    for depth in range(depths):
-        x = head.fuse(hidden, tokens, embed)
-        outputs.append(final_norm(head.layers[0](x, unrolled_mask(hidden.shape[1], depth), keys)))
-        # The next pass reads this pass's output one position back (a dummy at position 0).
-        hidden = mx.concatenate([mx.zeros_like(outputs[-1][:, :1]), outputs[-1][:, :-1]], axis=1)
-    return outputs
-
-
-def unrolled_loss(head: MTPHead, base, batch: dict[str, mx.array], depths: int,
-                  feature_weight: float = 1.0, soft_weight: float = 0.0):
-    """(weighted loss, per-depth correct counts, per-depth target counts). soft_weight adds, as in
-    EAGLE, cross-entropy against the base's own next distribution over the draft vocabulary,
-    softmax(draft_lm_head(h_{j+1})): all it would say at j+1, not only its argmax."""
-    targets, next_hidden = batch["targets"], batch["next_hidden"]
-    width = targets.shape[1]
-    total, correct, counted = mx.array(0.0), [], []
-    outputs = unrolled_outputs(head, base, batch["hidden"], batch["tokens"], depths)
-    # The base's next distribution is the same target at every depth: computed once.
-    teacher = _teacher(head, next_hidden) if soft_weight else None
-    for depth, out in enumerate(outputs):
-        logits = head.draft_lm_head(out)
-        # Pass `depth` starts at position j = depth; earlier positions hold dummy inputs.
-        defined = mx.arange(width)[None, :] >= depth
-        mask, present = batch["valid"] & defined, batch["present"] & defined
-        losses = nn.losses.cross_entropy(logits, mx.maximum(targets, 0), reduction="none")
-        cross_entropy = (losses * mask).sum() / mx.maximum(mask.sum(), 1)
-        error = (((out - next_hidden) ** 2).sum(-1) * present).sum()
-        scale = ((next_hidden**2).sum(-1) * present).sum()
-        if soft_weight:
-            cross_entropy = cross_entropy + soft_weight * _soft_cross_entropy(teacher, logits, mask)
-        total = total + (cross_entropy + feature_weight * error / mx.maximum(scale, 1e-6)) / (depth + 1)
-        correct.append(((mx.argmax(logits, axis=-1) == targets) & mask).sum())
-        counted.append(present.sum())
-    return total, mx.stack(correct), mx.stack(counted)
-
-
-def _teacher(head: MTPHead, next_hidden: mx.array) -> mx.array:
-    return mx.stop_gradient(mx.softmax(head.draft_lm_head(next_hidden), axis=-1))
-
-
-def _soft_cross_entropy(teacher: mx.array, logits: mx.array, mask: mx.array) -> mx.array:
-    losses = -(teacher * nn.log_softmax(logits, axis=-1)).sum(-1)
-    return (losses * mask).sum() / mx.maximum(mask.sum(), 1)
-
-
-def head_config(base_args, draft_vocab: int) -> MTPConfig:
+def head_config(base_args, draft_vocab: int, feature_layers: tuple[int, ...] = ()) -> MTPConfig:
     return MTPConfig(
         hidden_size=base_args.hidden_size,
         num_attention_heads=base_args.num_attention_heads,
@@ -121,6 +47,7 @@ def head_config(base_args, draft_vocab: int) -> MTPConfig:
         head_dim=getattr(base_args, "head_dim", None),
         draft_vocab_size=draft_vocab,
         vocab_size=base_args.vocab_size,
+        feature_layers=tuple(feature_layers),
     )
 
 
@@ -128,13 +55,18 @@ def lm_weight(base) -> mx.array:
     return base.lm_head.weight if "lm_head" in base else base.model.embed_tokens.weight
 
 
-def new_head(base, draft_ids: list[int], init: str, seed: int, init_from: str | None = None) -> MTPHead:
+def new_head(base, draft_ids: list[int], init: str, seed: int, init_from: str | None = None,
+             feature_layers: tuple[int, ...] = ()) -> MTPHead:
     mx.random.seed(seed)
-    head = MTPHead(head_config(base.args, len(draft_ids)))
+    head = MTPHead(head_config(base.args, len(draft_ids), feature_layers))
+    if "features" in head:
+        head.features.pass_through()  # a fused head starts reading h_j alone; an earlier fused head overrides
     if init_from:
         # Continue from a trained head: its block, fc and norms; the draft vocabulary is new.
         earlier = tree_flatten(load_mtp_head(Path(init_from).expanduser()).parameters())
         kept = [(n, v) for n, v in earlier if not n.startswith(("draft_lm_head", "vocab_map"))]
+        if "features" not in head:
+            kept = [(n, v) for n, v in kept if not n.startswith("features.")]
         head.load_weights(kept, strict=False)
     elif init == "last-layer":
         # The base's last block already turns a stream into next-token features: a warm start.
@@ -181,15 +113,6 @@ def schedule(lr: float, steps: int, warmup: int):
     return optim.join_schedules([warm, decay], [warmup])
 
 
-def validate(head: MTPHead, base, batches: list[dict], depths: int) -> list[float]:
-    """Top-1 accuracy per depth on held-out windows (depth d given drafts 1..d-1 right)."""
-    correct = counted = 0
-    for batch in batches:
-        _, c, n = unrolled_loss(head, base, batch, depths)
-        correct, counted = correct + c, counted + n
-    return (correct / mx.maximum(counted, 1)).tolist()
-
-
 def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, args, log) -> MTPHead:
     ckpt = Path(args.out).expanduser() / "checkpoint"
     optimizer = optim.AdamW(schedule(args.lr, args.steps, args.warmup), weight_decay=args.weight_decay)
@@ -199,7 +122,8 @@ def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, 
         log({"event": "resumed", "step": step})
     trainable(head, args.train_lm_head)
     loss_and_grad = nn.value_and_grad(
-        head, lambda b: unrolled_loss(head, base, b, args.depths, args.feature_weight, args.soft_weight))
+        head, lambda b: unrolled_loss(head, base, b, args.depths, args.feature_weight, args.soft_weight,
+                                      args.weighting))
     started = time.perf_counter()
     last = min(args.steps, args.stop_after or args.steps)  # a run may stop early, to resume later
     while step < last:
@@ -216,8 +140,9 @@ def train(base, train_batches: Batches, val_batches: list[dict], head: MTPHead, 
             started = time.perf_counter()
         if step % args.checkpoint_every == 0 or step == last:
             save_checkpoint(ckpt, head, optimizer, step)
-        if step % args.eval_every == 0 or step == args.steps:
-            log({"step": step, "val_acc": [round(x, 4) for x in validate(head, base, val_batches, args.depths)]})
+        if step % args.eval_every == 0 and step < args.steps:  # the last step's is run()'s final one
+            scores = validate(head, base, val_batches, args.depths)
+            log({"step": step, "val_acc": scores["top1_by_depth"], "val_expected_length": scores["expected_length"]})
     return head
 
 
@@ -237,10 +162,16 @@ def run(args: argparse.Namespace, base=None) -> Path:
 
     base = base if base is not None else load(args.model, rows_kernel=False).model  # training: no vjp
     base.freeze()
-    seqs = [s for d in args.data for s in sequences_from(load_shards(Path(d).expanduser()))]
+    if args.keep_draft_vocab and not args.init_from:
+        raise SystemExit("--keep-draft-vocab needs --init-from HEAD")
+    layers = tuple(args.feature_layers)
+    seqs = [s for d in args.data for s in sequences_from(load_shards(Path(d).expanduser()), stored_layers(d), layers)]
     train_seqs, val_seqs = split_sequences(seqs)
     vocab = base.args.vocab_size
-    draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
+    if args.keep_draft_vocab:  # the earlier head's own draft tokens: heads compared on one vocabulary
+        draft_ids = load_mtp_head(Path(args.init_from).expanduser()).vocab_map.tolist()
+    else:
+        draft_ids = frequent_tokens(train_seqs, args.draft_vocab, vocab)
     index = draft_index(draft_ids, vocab)
     answers_only = args.loss_on == "answers"
     batches = Batches(train_seqs, index, args.window, args.batch, args.seed, answers_only)
@@ -249,15 +180,22 @@ def run(args: argparse.Namespace, base=None) -> Path:
          "train_windows": len(batches.windows), "steps_per_epoch": batches.steps_per_epoch,
          "train_tokens": sum(len(s.tokens) for s in train_seqs),
          "val_coverage": round(coverage(val_seqs, draft_ids), 4)})
-    head = new_head(base, draft_ids, args.init, args.seed, args.init_from)
+    head = new_head(base, draft_ids, args.init, args.seed, args.init_from, layers)
     head = train(base, batches, val, head, args, log)
     final = validate(head, base, val, args.depths)
+    log({"step": args.steps, "val_acc": final["top1_by_depth"], "val_expected_length": final["expected_length"]})
     save_mtp_head(head, out / "head", dtype=mx.float16)
     _write_record(out, args, final, coverage(val_seqs, draft_ids), len(train_seqs))
     return out / "head"
 
 
-def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, seqs: int) -> None:
+def stored_layers(data: str) -> tuple[int, ...]:
+    """The decoder layers whose outputs a data folder kept (its recipe.json; none before fused heads)."""
+    recipe = Path(data).expanduser() / "recipe.json"
+    return tuple(json.loads(recipe.read_text()).get("feature_layers", ())) if recipe.exists() else ()
+
+
+def _write_record(out: Path, args, scores: dict, val_coverage: float, seqs: int) -> None:
     recipes = []
     for data in (Path(d).expanduser() for d in args.data):
         recipes.append(json.loads((data / "recipe.json").read_text()) if (data / "recipe.json").exists() else {})
@@ -266,11 +204,12 @@ def _write_record(out: Path, args, val_acc: list[float], val_coverage: float, se
         "hyperparameters": {k: v for k, v in vars(args).items() if k not in ("data", "out", "model")},
         "data_recipes": recipes,
         "train_sequences": seqs,
-        "validation": {"top1_by_depth": val_acc, "draft_vocab_coverage": val_coverage},
+        "validation": {**scores, "draft_vocab_coverage": val_coverage},
     }
-    if args.init_from:  # the run this one continued: its own record sits beside its head folder
-        earlier = Path(args.init_from).expanduser().parent / "train.json"
-        record["continued_from"] = json.loads(earlier.read_text()) if earlier.exists() else str(args.init_from)
+    if args.init_from:  # the run this one continued: its record beside its head folder (a shipped head: inside)
+        head_dir = Path(args.init_from).expanduser()
+        found = [p for p in (head_dir.parent / "train.json", head_dir / "train.json") if p.exists()]
+        record["continued_from"] = json.loads(found[0].read_text()) if found else str(args.init_from)
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -281,12 +220,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="~/.cache/metrale/mtp/run")
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--depths", type=int, default=2, help="draft depths unrolled in training")
+    p.add_argument("--weighting", choices=WEIGHTINGS, default="harmonic",
+                   help="depth weights: 1/(p+1), or each chain's gain in expected accepted length")
+    p.add_argument("--feature-layers", type=int, nargs="*", default=[], metavar="N",
+                   help="a fused head: these decoder layers' outputs with the last hidden state (the data must hold them)")
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="train (and validate) on answer positions only, or on prompts too")
     p.add_argument("--soft-weight", type=float, default=0.0,
                    help="weight of cross-entropy against the base's next distribution (draft vocabulary)")
     p.add_argument("--feature-weight", type=float, default=1.0, help="weight of h regression")
     p.add_argument("--init-from", default=None, help="a trained head directory to continue from")
+    p.add_argument("--keep-draft-vocab", action="store_true",
+                   help="with --init-from: draft over that head's vocabulary instead of re-choosing it from the data")
     p.add_argument("--init", choices=["identity", "last-layer", "random"], default="last-layer")
     p.add_argument("--train-lm-head", action="store_true")
     p.add_argument("--steps", type=int, default=400)

@@ -28,6 +28,7 @@ class ProcessSpec:
     repetition: float = 1.0
     top_logprobs: int | None = None  # None: no log-probabilities; 0: the chosen token's only
     matcher: object = None  # an llguidance LLMatcher of the sequence's grammar (runtime/grammar.py), or None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): added after the penalties
 
     @property
     def penalises(self) -> bool:
@@ -35,7 +36,7 @@ class ProcessSpec:
 
     @property
     def neutral(self) -> bool:
-        return not self.penalises and self.top_logprobs is None and self.matcher is None
+        return not self.penalises and self.top_logprobs is None and self.matcher is None and not self.logit_bias
 
 
 class Processor:
@@ -46,10 +47,11 @@ class Processor:
         self.counts: mx.array | None = None  # [V] float32, occurrences in the output (built lazily: V)
         self.seen: mx.array | None = None  # [V] bool, prompt or output (repetition penalty only)
         self.logprobs: list[tuple] = []  # of emitted tokens not yet handed to the scheduler
+        self.bias: mx.array | None = None  # [V] float32 of spec.logit_bias, built at the first rows()
 
     def rows(self, logits: mx.array, drafts=()) -> mx.array:
-        """Penalised and masked logits [R, V] for R consecutive positions, the ith after drafts[:i]."""
-        logits = self._penalised(logits, drafts)
+        """Penalised, biased and masked logits [R, V] for R consecutive positions, the ith after drafts[:i]."""
+        logits = self._biased(self._penalised(logits, drafts))
         if self.matcher is None:
             return logits
         return mx.where(self._masks(list(drafts), logits.shape[0], logits.shape[-1]), logits, -mx.inf)
@@ -70,6 +72,16 @@ class Processor:
     @property
     def blocks_lookahead(self) -> bool:
         return self.matcher is not None
+
+    def _biased(self, logits: mx.array) -> mx.array:
+        if not self.spec.logit_bias:
+            return logits
+        if self.bias is None:
+            bias = np.zeros(logits.shape[-1], dtype=np.float32)
+            for token, value in self.spec.logit_bias:
+                bias[token] = value
+            self.bias = mx.array(bias)
+        return logits.astype(mx.float32) + self.bias
 
     def _penalised(self, logits: mx.array, drafts) -> mx.array:
         if not self.spec.penalises:

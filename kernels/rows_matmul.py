@@ -13,6 +13,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
+import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -30,8 +32,10 @@ SOURCE = Path(__file__).with_name("rows_matmul")
 BUILD_ROOT = Path(sys.prefix) / "metrale-build"
 _module = None
 _failure: str | None = None
-_rows: frozenset[int] = frozenset()  # row counts the kernel takes: choose_rows, at the first install
+_rows: frozenset[int] = frozenset()  # row counts the kernel takes: chosen at the first install
 _rows_chosen = False
+VERDICTS = BUILD_ROOT / "rows-verdicts.json"  # per machine, BLAS and model shapes: timed once
+WIN_RATIO = 0.97  # the kernel takes a row count only when clearly faster: a tie keeps MLX's path
 
 
 def available() -> bool:
@@ -139,23 +143,35 @@ def taken_rows() -> frozenset[int]:
     return _rows
 
 
-def choose_rows(weights: list[mx.array], repeats: int = 3) -> frozenset[int]:
-    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: each
-    count timed now, the two paths paired call by call, the median of their ratios deciding. (A BLAS
-    may have a matrix-vector path that wins for 1-3 rows and pack the weights from 4.)"""
+def choose_rows(weights: list[mx.array], repeats: int = 5) -> frozenset[int]:
+    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: at
+    each count every weight is multiplied once, as a step does, by both paths paired call by call;
+    the kernel needs a median ratio under WIN_RATIO. (A BLAS may have a matrix-vector path that
+    wins for 1-3 rows and pack the weights from 4; the kernel's per-call start costs show only
+    when the small products are timed with the large.)"""
     module = load()
     if module is None:
         return frozenset()
     won = set()
     for rows in range(1, module.MAX_ROWS + 1):
-        xs = {w.shape[1]: mx.random.normal((rows, w.shape[1])) for w in weights}
+        xs = {k: mx.random.normal((rows, k)) for k in {w.shape[1] for w in weights}}
         mx.eval(list(xs.values()))
         stock = lambda: mx.eval([xs[w.shape[1]] @ w.T for w in weights])  # noqa: E731
         mine = lambda: mx.eval([module.rows_matmul(xs[w.shape[1]], w) for w in weights])  # noqa: E731
-        ratios = [_ms(mine) / _ms(stock) for _ in range(repeats)]
-        if statistics.median(ratios) < 1.0:
+        stock(), mine()  # warm: the first calls pay for page faults and thread starts
+        ratios = [_paired_ratio(mine, stock, mine_first=i % 2 == 1) for i in range(repeats)]
+        if statistics.median(ratios) < WIN_RATIO:
             won.add(rows)
     return frozenset(won)
+
+
+def _paired_ratio(mine, stock, mine_first: bool) -> float:
+    """mine's time over stock's, run back to back in the order given (alternated by the caller)."""
+    if mine_first:
+        ms_mine = _ms(mine)
+        return ms_mine / _ms(stock)
+    ms_stock = _ms(stock)
+    return _ms(mine) / ms_stock
 
 
 def _ms(fn) -> float:
@@ -208,10 +224,10 @@ def install(model: nn.Module) -> int:
 
 
 def choose_for(model: nn.Module) -> frozenset[int]:
-    """The row counts the kernel takes, measured once per process on the first model's largest products."""
+    """The row counts the kernel takes: the first model's products decide, once per machine."""
     global _rows, _rows_chosen
     if not _rows_chosen and load() is not None:
-        _rows, _rows_chosen = choose_rows(_largest_weights(model)), True
+        _rows, _rows_chosen = rows_for(_products(model)), True
     return _rows
 
 
@@ -222,11 +238,50 @@ def adopt(rows) -> None:
     _rows, _rows_chosen = frozenset(rows), True
 
 
-def _largest_weights(model: nn.Module, count: int = 2) -> list[mx.array]:
+def rows_for(weights: list[mx.array]) -> frozenset[int]:
+    """The verdict kept for this machine, BLAS, build and these shapes, else timed now and kept
+    (one verdict for every process: a noisy start cannot route one server differently)."""
+    key = verdict_key(weights)
+    verdicts = _read_verdicts()
+    if key in verdicts:
+        return frozenset(verdicts[key])
+    rows = choose_rows(weights)
+    verdicts[key] = sorted(rows)
+    _write_verdicts(verdicts)
+    return rows
+
+
+def verdict_key(weights: list[mx.array]) -> str:
+    from kernels import BLAS
+    from runtime.blas import hash_text
+
+    shapes = " ".join(f"{a}x{b}" for a, b in sorted(tuple(w.shape) for w in weights))
+    return f"{build_key(SOURCE)} | {BLAS.split(' ', 1)[0]} | {hash_text(shapes)}"
+
+
+def _read_verdicts() -> dict:
+    try:
+        found = json.loads(VERDICTS.read_text())
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_verdicts(verdicts: dict) -> None:
+    try:
+        VERDICTS.parent.mkdir(parents=True, exist_ok=True)
+        tmp = VERDICTS.with_name(f"{VERDICTS.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(verdicts, indent=2) + "\n")
+        os.replace(tmp, VERDICTS)
+    except OSError:
+        pass  # a read-only environment times the row counts at every start instead
+
+
+def _products(model: nn.Module) -> list[mx.array]:
+    """Every float32 weight matrix the model multiplies by (a step multiplies each once)."""
     from mlx.utils import tree_flatten
 
-    found = [v for _, v in tree_flatten(model.parameters()) if v.ndim == 2 and v.dtype == mx.float32]
-    return sorted(found, key=lambda v: v.size, reverse=True)[:count]
+    return [v for _, v in tree_flatten(model.parameters()) if v.ndim == 2 and v.dtype == mx.float32]
 
 
 def uninstall(model: nn.Module) -> None:

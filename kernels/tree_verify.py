@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from kernels.features import body
 from kernels.loader import output_head
 from kernels.sampling import probs_from_logits, sample
 from kernels.tree import DraftTree, branch_accepted, from_branches, walk, winning_branch
@@ -158,8 +159,8 @@ def _forward(engine, state, tokens: mx.array, caches) -> tuple[mx.array, mx.arra
     drafter = engine.drafter_of(state)
     if drafter is None or not drafter.wants_hidden:
         return engine.model(tokens, cache=caches), None
-    hidden = engine.model.model(tokens, cache=caches)
-    return output_head(engine.model)(hidden), hidden
+    final, hidden = body(engine.model, tokens, caches, drafter.feature_layers)
+    return output_head(engine.model)(final), hidden
 
 
 def _next_tokens(state, logits: mx.array) -> list[int]:

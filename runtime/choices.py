@@ -99,6 +99,7 @@ def merged_receipt(receipts: list[SpecReceipt]) -> SpecReceipt:
         return tuple(sum(row[i] for row in rows if i < len(row)) for i in range(width))
 
     total = {f: sum(getattr(r, f) for r in receipts) for f in ("drafted_tokens", "accepted_tokens", "verify_steps",
-                                                               "plain_steps", "verify_seconds", "plain_seconds")}
+                                                               "plain_steps", "verify_seconds", "plain_seconds",
+                                                               "forced_tokens")}
     return SpecReceipt(**total, accepted_by_position=by_position("accepted_by_position"),
                        drafted_by_position=by_position("drafted_by_position"))

@@ -104,8 +104,9 @@ class SpecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     machine_id: doc(str | None, "this machine's identity for cost tables (default: OS, CPU model, cores)") = None
     watts_per_core: doc(float, "power of the CPU-seconds energy proxy, where no energy counter exists") = 10.0
     exploration_share: doc(float, "steps that speculate to learn may cost this share of plain decode time") = 0.01
-    forced_drafts: doc(bool, "structured output: in a speculative step, tokens the grammar forces are the "
-                             "drafts (free: no drafter forward)") = True
+    forced_drafts: doc(bool, "structured output: tokens the grammar forces are verified as drafts, in a "
+                             "speculative step (no drafter forward) and in one sequence's plain step (one "
+                             "forward for the run)") = True
     suppress_tool_call: doc(bool, "a sequence inside a <tool_call> block decodes plainly (spec/mtp_gate.md)") = False
 
 

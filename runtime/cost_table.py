@@ -82,7 +82,8 @@ class AcceptanceCalibration(msgspec.Struct, frozen=True, kw_only=True):
         return _interp_clamped(self.confidence, self.acceptance, confidence)
 
 
-class CostTable(msgspec.Struct, frozen=True, kw_only=True):
+class CostTable(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    # dict=True: a per-instance cache of interpolated width rows (not a field: never encoded or compared)
     meta: TableMeta
     widths: tuple[int, ...]  # ascending batch widths
     depths: tuple[int, ...]  # ascending depths; 0 always present
@@ -92,10 +93,17 @@ class CostTable(msgspec.Struct, frozen=True, kw_only=True):
 
     def verify_row(self, n: int) -> tuple[Cost, ...]:
         """Verify cost at width n for each of self.depths."""
-        return _width_row(self.widths, self.verify, n)
+        return self._row("verify", n)
 
     def draft_row(self, n: int) -> tuple[Cost, ...]:
-        return _width_row(self.widths, self.draft, n)
+        return self._row("draft", n)
+
+    def _row(self, kind: str, n: int) -> tuple[Cost, ...]:
+        # The planner asks every sequence's depth each step: interpolate each width once per table.
+        rows = self.__dict__.setdefault("_rows", {})
+        if (kind, n) not in rows:
+            rows[kind, n] = _width_row(self.widths, getattr(self, kind), n)
+        return rows[kind, n]
 
     def verify_cost(self, n: int, depth: float) -> Cost:
         return cost_at_depth(self.depths, self.verify_row(n), depth)

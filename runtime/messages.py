@@ -33,6 +33,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # the alternatives per token to report; None: no log-probabilities
     grammar: str | None = None  # llguidance grammar of response_format (runtime/grammar.py); None: free text
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's logit_bias
 
     @property
     def greedy(self) -> bool:
@@ -42,7 +43,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     def processed(self) -> bool:
         """Whether the owner processes this sequence's logits (penalties) or reports log-probabilities."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logprobs is not None or self.grammar is not None)
+                    or self.logprobs is not None or self.grammar is not None or bool(self.logit_bias))
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +100,7 @@ class SpecReceipt(msgspec.Struct, frozen=True, kw_only=True):
     plain_steps: int = 0
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
+    forced_tokens: int = 0  # structured output: tokens the grammar forced, verified as free drafts (not counted above)
 
 
 class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
@@ -374,10 +376,12 @@ class Describe(_Msg, frozen=True):
 
 
 class FailInFlight(_Msg, frozen=True):
-    """Another actor stopped: fail every request you hold with this error (scheduler)."""
+    """Another actor stopped: fail every request you hold with this error (scheduler); with
+    request_ids, only those (the model owner lost their state)."""
 
     error: str
     status: int = 503
+    request_ids: tuple[str, ...] = ()
 
 
 class FailOpen(_Msg, frozen=True):

@@ -69,6 +69,7 @@ class OnlineCostModel:
         self._levels: dict[tuple, RobustEstimate] = {}
         self._table: CostTable | None = None
         self._optimistic: CostTable | None = None
+        self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
         """One served step's cost (a plain step is verify at depth 0)."""
@@ -137,9 +138,10 @@ class OnlineCostModel:
         return self.cost(kind, n, k)
 
     def _prior_cost(self, kind: Kind, width: int, depth: int) -> Cost:
-        if kind == "verify":
-            return self.prior.verify_cost(width, depth)
-        return self.prior.draft_cost(width, depth)
+        key = (kind, width, depth)
+        if key not in self._prior_cells:  # interpolating a cell reads the whole width row: once each
+            self._prior_cells[key] = (self.prior.verify_cost if kind == "verify" else self.prior.draft_cost)(width, depth)
+        return self._prior_cells[key]
 
     def cells(self) -> list[dict]:
         """Every measured cell with its count, spread (log units) and current ms, for /health."""

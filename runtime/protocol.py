@@ -81,6 +81,12 @@ class _Params(_Wire, frozen=True, kw_only=True):
     conversation_id: Identifier | None = None  # extra: groups the turns of one conversation
     cache_prompt: bool = True  # extra (llama.cpp's name): false keeps this request out of the prompt cache
     cache_salt: Identifier | None = None  # extra (vLLM's name): prefixes are shared only within one salt
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
+    repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
+    stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id -> bias (OpenAI's range)
 
 
 class _OpenAI(_Params, frozen=True, kw_only=True):
@@ -90,12 +96,6 @@ class _OpenAI(_Params, frozen=True, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
-    repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
-    stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
-    logit_bias: dict[str, float] | None = None
 
 
 class ChatRequest(_OpenAI, frozen=True, kw_only=True):
@@ -138,6 +138,8 @@ class WsGenerate(_Params, frozen=True, kw_only=True, tag="generate"):
     id: Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
     messages: Annotated[list[WireMessage], Meta(max_length=MAX_MESSAGES)] | None = None
     prompt: str | None = None
+    logprobs: TopLogprobs | None = None  # as completions': alternatives per token, in each tokens frame
+    response_format: dict[str, Any] | None = None  # json_object / json_schema, as chat's
 
 
 class WsCancel(_Wire, frozen=True, kw_only=True, tag="cancel"):
@@ -161,6 +163,7 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes):
 def _decode_error(text: str) -> ProtocolError:
     # msgspec names the failing field as "at `$.field`": keep it, it is what a client needs.
     at = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+    at = at.replace("[...]", "") if at else at  # a map's value ("logit_bias[...]"): the map's name
     if text.startswith("Object contains unknown field `"):
         name = text.split("`", 2)[1]
         param = f"{at}.{name}" if at else name
@@ -250,7 +253,20 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
                           frequency_penalty=getattr(req, "frequency_penalty", None) or 0.0,
                           repetition_penalty=getattr(req, "repetition_penalty", None) or 1.0,
                           logprobs=requested_logprobs(req),
-                          grammar=grammar_for(getattr(req, "response_format", None)))
+                          grammar=grammar_for(getattr(req, "response_format", None)),
+                          logit_bias=logit_bias(getattr(req, "logit_bias", None)))
+
+
+def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as sorted (id, bias) pairs; ids past the vocabulary are admission's 400."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit():
+            raise ProtocolError(f"logit_bias keys are token ids (non-negative integers as strings), not {key!r}",
+                                "logit_bias")
+        if value:
+            pairs.append((int(key), float(value)))
+    return tuple(sorted(pairs))
 
 
 def requested_logprobs(req) -> int | None:

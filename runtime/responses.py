@@ -178,6 +178,7 @@ class WsTokens(_Out, frozen=True, kw_only=True, tag="tokens"):
     text: str
     token_ids: list[int]
     index: int  # position of the first of token_ids in the completion
+    logprobs: list[LogprobEntry] | None = None  # one per token, where the request asked for logprobs
 
 
 class WsDone(_Out, frozen=True, kw_only=True, tag="done"):

@@ -76,6 +76,7 @@ class SpecCounters:
     plain_steps: int = 0
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
+    forced: int = 0  # grammar-forced tokens verified as free drafts
     records: list[StepRecord] | None = None  # per verify step, only where asked (record_steps)
 
     def note_verify(self, drafted: int, accepted: int, seconds: float,
@@ -92,12 +93,19 @@ class SpecCounters:
         self.verify_steps += 1
         self.verify_seconds += seconds
 
+    def note_forced(self, tokens: int, seconds: float) -> None:
+        """One verify step of the grammar's forced tokens: a forward, not a drafter's evidence."""
+        self.forced += tokens
+        self.verify_steps += 1
+        self.verify_seconds += seconds
+
     def receipt(self) -> SpecReceipt:
         return SpecReceipt(
             drafted_tokens=sum(self.drafted), accepted_tokens=sum(self.accepted),
             drafted_by_position=tuple(self.drafted), accepted_by_position=tuple(self.accepted),
             verify_steps=self.verify_steps, plain_steps=self.plain_steps,
             verify_seconds=round(self.verify_seconds, 6), plain_seconds=round(self.plain_seconds, 6),
+            forced_tokens=self.forced,
         )
 
 

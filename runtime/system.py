@@ -105,6 +105,7 @@ class System:
         self.admission = Admission(self.config.admission, self.codec, info.context_length,
                                    self.scheduler, self.telemetry)
         self.streamer.admission = self.admission
+        self.owner.scheduler = self.scheduler  # fails requests whose state a failed owner tell left unknown
 
     def _controller(self):
         """The online controller from the best cost prior at hand, and what keeps it learning; without

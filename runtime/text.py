@@ -48,6 +48,10 @@ class TextCodec:
         extra = {"tools": list(tools)} if tools else {}
         return self.tok.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tok)
+
     def encode(self, text: str) -> list[int]:
         # As mlx-lm does: no BOS added when the text already starts with it (a rendered template).
         bos = self.tok.bos_token

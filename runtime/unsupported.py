@@ -22,7 +22,6 @@ class Unsupported(msgspec.Struct, frozen=True):
 
 _TOOLS = "the deprecated functions API is not implemented: use tools"
 UNSUPPORTED = (
-    Unsupported("logit_bias", (None, {}), "logit bias is not implemented"),
     Unsupported("functions", (None, []), _TOOLS),
     Unsupported("function_call", (None, "none", "auto"), _TOOLS),
     Unsupported("audio", (None,), "this server produces text only"),

@@ -2,7 +2,7 @@
 
 Client -> server (JSON text frames): {"type": "generate", "id": ..., "messages" | "prompt": ...,
                   sampling fields} and {"type": "cancel", "id": ...}
-Server -> client: {"type": "tokens", "id", "text", "token_ids", "index"} per emitted batch,
+Server -> client: {"type": "tokens", "id", "text", "token_ids", "index"[, "logprobs"]} per emitted batch,
                   then one of {"type": "done", "id", "finish_reason", "usage"} (finish_reason "cancelled"
                   after the client's cancel) or {"type": "error", "id", "error": {...}} (a failure,
                   or a cancel that was not the client's: shutdown, queue_timeout). Closing the socket
@@ -12,6 +12,9 @@ requests open at once on a socket, a binary frame, or a cancel of an id that is 
 error frame and the socket stays open. A client that takes no frame for slow_client_timeout
 seconds has its socket closed and its requests cancelled (slow_client). With --api-key set, the
 upgrade request needs the Bearer header (runtime/auth.py). The message types are in /openapi.json.
+A generate takes the HTTP API's sampling and processing fields (penalties, logit_bias,
+response_format, logprobs as completions' count of alternatives, stream_pacing); tools and n are
+the HTTP API's only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from aiohttp import WSMsgType, web
 from runtime.actor import Rejected
 from runtime.gateway import SlowClient, new_request_id, open_request
 from runtime.messages import ActorFailure, Cancel, Cancelled, Failed, Finished, Submit, TokensEmitted
-from runtime.openai_api import abort_connection, bound_output, ended_error, error_response
+from runtime.openai_api import abort_connection, bound_output, ended_error, error_response, token_texts
+from runtime.pacing import paced
 from runtime.protocol import ProtocolError, WsCancel, WsGenerate, decode_ws, sampling_params, ws_input
 from runtime.responses import WsDone, WsError, WsTokens, error_object
 
@@ -73,7 +77,8 @@ async def _on_message(request, ws, data: str, tasks: dict) -> None:
     except ProtocolError as e:
         await _send_error(ws, _client_id(data), e.message, e.status, e.param)
         return
-    task = asyncio.create_task(_run(request, ws, msg.id, submit))
+    pace = config.server.stream_pacing if msg.stream_pacing is None else msg.stream_pacing
+    task = asyncio.create_task(_run(request, ws, msg.id, submit, pace))
     tasks[msg.id] = (task, submit.request_id)
     task.add_done_callback(lambda _t, cid=msg.id: tasks.pop(cid, None))
 
@@ -84,12 +89,13 @@ def _submit(msg: WsGenerate, max_tokens_limit: int) -> Submit:
     return Submit(request_id=new_request_id("ws"), params=params, messages=messages, prompt=prompt)
 
 
-async def _run(request: web.Request, ws: web.WebSocketResponse, cid: str, submit: Submit) -> None:
+async def _run(request: web.Request, ws: web.WebSocketResponse, cid: str, submit: Submit, pace: bool) -> None:
     system, config = request.app["system"], request.app["config"]
+    texts = token_texts(system.codec) if submit.params.logprobs is not None else None
     try:
         async with open_request(system, submit, config.admission.max_queue_wait_s) as events:
-            async for event in events:
-                await events.deliver(ws.send_str(_frame(cid, event)), config.server.slow_client_timeout)
+            async for event in (paced(events) if pace else events):
+                await events.deliver(ws.send_str(_frame(cid, event, texts)), config.server.slow_client_timeout)
     except SlowClient:  # the client stopped reading: close the socket (its other requests end too)
         abort_connection(request)
     except Rejected as e:
@@ -100,10 +106,11 @@ async def _run(request: web.Request, ws: web.WebSocketResponse, cid: str, submit
         pass
 
 
-def _frame(cid: str, event) -> str:
+def _frame(cid: str, event, texts=None) -> str:
     match event:
         case TokensEmitted():
-            body = WsTokens(id=cid, text=event.text, token_ids=list(event.token_ids), index=event.index)
+            body = WsTokens(id=cid, text=event.text, token_ids=list(event.token_ids), index=event.index,
+                            logprobs=[texts.entry(lp) for lp in event.logprobs] if texts is not None else None)
         case Finished():
             body = WsDone(id=cid, finish_reason=event.finish_reason, usage=event.usage)
         case Cancelled() if event.reason == "client":

@@ -1,18 +1,20 @@
 """metrale bench serve: what a user gets on the served path, speculation on vs off.
 
-Each run starts a fresh `metrale serve` subprocess on loopback (the converted default model, a fresh
-empty cache folder, so no cost table learned by an earlier run is found; the shipped one may be)
-and drives it with the official openai client: greedy non-streaming chat completions over the
-held-out prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two
-untimed warm-up requests. Runs:
+Each run is a fresh `metrale serve` subprocess on loopback (the converted default model, a fresh
+empty cache folder, so no cost table learned by an earlier run is found; the shipped one may be),
+driven with the official openai client: greedy non-streaming chat completions over the held-out
+prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two untimed
+warm-up requests. Every run's server is up at once (an idle one costs nothing), and each prompt
+goes to every run's legs back to back, in an order rotated from one prompt to the next, so a
+slow spell of this shared machine hits every run alike and each ratio compares times taken
+within seconds of each other. Runs:
 - served: the default settings. Every prompt is sent once with speculation and once with
-  `disable_mtp`, back to back, alternating which goes first, so a slow spell of this shared
-  machine hits both alike.
+  `disable_mtp`.
 - foreign: the same, with `--machine-id` set to another machine, so the shipped calibration table
   does not count as measured here (what a user on a new machine gets). Skipped, with a note, where
   `metrale serve` has no --machine-id.
 - K=k: `--mtp-gate force --spec-cost-model off --num-draft-tokens k`; speculative requests only,
-  compared against the served run's plain requests (a different server process, so unpaired).
+  compared against the served run's plain request of the same prompt (same round).
 With --clients C, prompts go in groups of C concurrent requests (all speculative, then all plain,
 the order alternating per group) and timings are the group's wall time.
 
@@ -35,6 +37,7 @@ import argparse
 import math
 import shlex
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from runtime.bench import _plot
@@ -54,8 +57,7 @@ def main(argv: list[str]) -> int:
 
     sets = {name: prompt_set(name, args.prompts) for name in args.sets.split(",") if name}
     model_dir = ensure_default_model()
-    results = {name: measure(model_dir, extra, sets, args, plain) for name, extra, plain in plan(args)}
-    paired = with_served_plain(results)
+    paired = with_served_plain(measure(model_dir, plan(args), sets, args))
     text = report(paired, sets, args.clients)
     print(text)
     if args.plot:
@@ -105,17 +107,24 @@ def plan(args) -> list[tuple[str, list[str], bool]]:
     return runs
 
 
-def measure(model_dir, extra: list[str], sets: dict[str, list[str]], args, plain: bool) -> dict:
-    """One fresh server: per set, a (speculative, plain or None) pair of batches per prompt group."""
+def measure(model_dir, runs: list[tuple[str, list[str], bool]], sets: dict[str, list[str]], args) -> dict:
+    """Every run's server at once; per set, for each run, a (speculative, plain or None) pair of
+    batches per prompt group, the legs of one group sent back to back in a rotated order."""
     from runtime.bench._served import ServedProcess, openai_client, warm_up
 
-    with ServedProcess(model_dir, extra) as server, ThreadPoolExecutor(args.clients) as pool:
-        print(f"server: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
-        client = openai_client(server.url)
-        warm_up(client, args.max_tokens, plain_too=plain)
-        result = {name: drive(pool, client, texts, args.clients, args.max_tokens, plain)
-                  for name, texts in sets.items()}
-        print(controller_summary(server.url), flush=True)
+    with ExitStack() as stack, ThreadPoolExecutor(args.clients) as pool:
+        clients, legs = {}, []
+        for name, extra, plain in runs:
+            server = stack.enter_context(ServedProcess(model_dir, extra))
+            print(f"{name}: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
+            clients[name] = (server.url, openai_client(server.url))
+            warm_up(clients[name][1], args.max_tokens, plain_too=plain)
+            legs += [(name, False)] + ([(name, True)] if plain else [])  # (run, disable_mtp)
+        rounds = {s: drive(pool, clients, legs, texts, args, offset=i * 7) for i, (s, texts) in enumerate(sets.items())}
+        result = {name: {s: [(got[name, False], got.get((name, True))) for got in rounds[s]] for s in sets}
+                  for name in clients}
+        for name, (url, _) in clients.items():
+            print(f"{name}: {controller_summary(url)}", flush=True)
         return result
 
 
@@ -138,16 +147,16 @@ def controller_summary(url: str) -> str:
             f"{plain_ms / 1e3:.1f} s of plain decode; phases {ctl['phase_acceptance']}")
 
 
-def drive(pool, client, texts: list[str], clients: int, max_tokens: int, plain: bool) -> list[tuple]:
+def drive(pool, clients: dict, legs: list[tuple[str, bool]], texts: list[str], args, offset: int) -> list[dict]:
+    """Per prompt group, every leg's batch: {(run, disable_mtp): Batch}."""
     from runtime.bench._served import ask_all
 
-    pairs = []
-    for i, start in enumerate(range(0, len(texts), clients)):
-        group = texts[start:start + clients]
-        order = ((False, True) if i % 2 == 0 else (True, False)) if plain else (False,)  # disable_mtp
-        got = {off: ask_all(pool, client, group, max_tokens, disable_mtp=off) for off in order}
-        pairs.append((got[False], got.get(True)))
-    return pairs
+    rounds = []
+    for i, start in enumerate(range(0, len(texts), args.clients)):
+        group, shift = texts[start:start + args.clients], (i + offset) % len(legs)
+        rounds.append({(name, off): ask_all(pool, clients[name][1], group, args.max_tokens, disable_mtp=off)
+                       for name, off in legs[shift:] + legs[:shift]})
+    return rounds
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
 """metrale bench structured: JSON-schema answers (response_format) on held-out prompts, default
 model, width 1, greedy: plain decode vs speculation vs speculation whose drafts are the grammar's
-forced tokens wherever it forces some (free drafts: no drafter forward for that step).
+forced tokens wherever it forces some (free drafts: no drafter forward for that step), and plain
+decode that takes those forced runs in one forward (disable_mtp on the server with forced drafts).
 
 Through the served actor system in this process (runtime/bench/_inprocess.py): two Systems as
 `metrale serve --drafter D --num-draft-tokens K --mtp-gate force --spec-cost-model off`, one with
-`--no-forced-drafts`; plain decode is a request with disable_mtp. On each prompt the three run back
-to back in a rotated order; every answer must parse, validate against its schema (jsonschema) and be
-byte-identical across the three. Forwards are target forwards (prefill, plain and verify steps; a
+`--no-forced-drafts`; plain decode is a request with disable_mtp on the latter (on the former: plain
+with forced runs). On each prompt the four run back to back in a rotated order; every answer must
+parse, validate against its schema (jsonschema) and be byte-identical across the four. Forwards are target forwards (prefill, plain and verify steps; a
 drafter's own forwards are not counted). Prints tok/s, speedup over plain and forwards per token.
 Last line: structured_speedup=R (forced drafts over plain, pooled tok/s) forwards_per_token=F (with
-forced drafts) valid=1 (every answer valid and identical; 0 otherwise).
+forced drafts) plain_forced_speedup=R (plain with forced runs over plain) valid=1 (every answer
+valid and identical; 0 otherwise).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ TASKS = [
           "type": "object", "additionalProperties": False, "required": ["task", "done"],
           "properties": {"task": {"type": "string", "maxLength": 50}, "done": {"type": "boolean"}}}}}}),
 ]
-PLAIN, SPEC, FORCED = "plain", "speculative", "forced_drafts"
+PLAIN, SPEC, FORCED, PLAIN_FORCED = "plain", "speculative", "forced_drafts", "plain_forced_runs"
 
 
 def main(argv: list[str]) -> int:
@@ -68,7 +70,7 @@ async def run(tasks, max_tokens: int, k: int, drafter: str) -> int:
     spec = fixed_depth(load_config(), drafter, k)
     configs = {SPEC: override(spec, "spec", forced_drafts=False), FORCED: override(spec, "spec", forced_drafts=True)}
     async with served_all(configs, model_dir) as clients:
-        clients = {PLAIN: clients[SPEC], **clients}
+        clients = {PLAIN: clients[SPEC], **clients, PLAIN_FORCED: clients[FORCED]}
         await sweep(clients, tasks[:1], 16, check=False)  # untimed warm-up: each system builds its paths once
         runs, valid = await sweep(clients, tasks, max_tokens)
     return report(runs, valid, drafter, k)
@@ -89,7 +91,7 @@ async def sweep(clients: dict, tasks, max_tokens: int, check: bool = True) -> tu
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, grammar=grammar_for(fmt))
         names = list(clients)[i % len(clients):] + list(clients)[:i % len(clients)]
         for name in names:
-            asked = plain(params) if name == PLAIN else params
+            asked = plain(params) if name in (PLAIN, PLAIN_FORCED) else params
             runs[name].append(await clients[name].generate(question, asked))
         answers = {name: runs[name][-1] for name in clients}
         texts = {clients[PLAIN].codec.decode(r.tokens) for r in answers.values()}
@@ -118,11 +120,12 @@ def report(runs: dict[str, list], valid: bool, drafter: str, k: int) -> int:
         drafted = sum(r.receipt.drafted_tokens for r in results)
         accepted = sum(r.receipt.accepted_tokens for r in results)
         rates[name], per_token[name] = tokens / seconds, fwd / tokens
-        rows.append([name, drafter if name != PLAIN else "-", k if name != PLAIN else 0, tokens, round(seconds, 2),
+        drafting = name in (SPEC, FORCED)
+        rows.append([name, drafter if drafting else "-", k if drafting else 0, tokens, round(seconds, 2),
                      round(rates[name], 2), round(rates[name] / rates.get(PLAIN, rates[name]), 3), fwd,
                      round(per_token[name], 3), f"{accepted}/{drafted}"])
     print(table(["config", "drafter", "K", "tokens", "seconds", "tok_s", "speedup", "forwards",
                  "forwards_per_token", "accepted/drafted"], rows))
     print(f"structured_speedup={rates[FORCED] / rates[PLAIN]:.3f} forwards_per_token={per_token[FORCED]:.3f} "
-          f"valid={int(valid)}")
+          f"plain_forced_speedup={rates[PLAIN_FORCED] / rates[PLAIN]:.3f} valid={int(valid)}")
     return 0 if valid else 1

@@ -119,3 +119,49 @@ async def test_every_request_gets_exactly_one_terminal_event(n):
     ids = [e.request_id for e in events.terminals()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(n))
     await stop(actors)
+
+
+async def test_fail_in_flight_with_ids_fails_only_those_requests():
+    from runtime.messages import FailInFlight
+
+    scheduler, events, actors = await running(ScriptedOwner())
+    await scheduler.tell(admitted("lost", max_tokens=400))
+    await scheduler.tell(admitted("fine", max_tokens=400))
+    await until(lambda: any(e.request_id == "lost" for e in events.events if isinstance(e, TokensEmitted)))
+    await scheduler.tell(FailInFlight(error="state lost", status=500, request_ids=("lost",)))
+    await until(lambda: len(events.terminals()) == 2, timeout=10.0)
+    outcome = {e.request_id: type(e) for e in events.terminals()}
+    assert outcome == {"lost": Failed, "fine": Finished}
+    await stop(actors)
+
+
+async def test_a_failed_owner_tell_fails_its_sequences_through_the_scheduler():
+    """A Rollback (a tell: nobody waits for it) that raises leaves the sequence's state unknown:
+    the owner tells the scheduler to fail it, without waiting on the scheduler's inbox."""
+    from pathlib import Path
+
+    from actors.model_owner import ModelOwner
+    from runtime.messages import FailInFlight, Rollback
+
+    class Broken:
+        def rollback(self, *args):
+            raise RuntimeError("no such cache")
+
+        def close(self):
+            pass
+
+    class Unloaded(ModelOwner):
+        async def setup(self):  # the engine is the one above: no model to load
+            pass
+
+    told = Collector()
+    owner = Unloaded(Path("unused"))
+    owner.engine, owner.scheduler = Broken(), told
+    for actor in (owner, told):
+        actor.start()
+    await owner.tell(Rollback(seq_id="r1", drafted=2, accepted=1, emitted=(5, 6)))
+    await until(lambda: told.events)
+    (msg,) = told.events
+    assert isinstance(msg, FailInFlight) and msg.request_ids == ("r1",) and msg.status == 500
+    assert "no such cache" in msg.error
+    await stop([owner, told])

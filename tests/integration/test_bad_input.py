@@ -18,7 +18,9 @@ CASES = [
     ("prompt longer than the context", {**GOOD, "messages": [{"role": "user", "content": "hello " * 9000}]}, 400, "messages"),
     ("oversized body", {**GOOD, "messages": [{"role": "user", "content": "x" * 2_000_000}]}, 413, None),
     # OpenAI fields this server does not implement: refused, never a silent 200.
-    ("logit bias", {**GOOD, "logit_bias": {"5": 2.0}}, 400, "logit_bias"),
+    ("logit bias past the vocabulary", {**GOOD, "logit_bias": {"99999999": 2.0}}, 400, "logit_bias"),
+    ("logit bias keyed by text", {**GOOD, "logit_bias": {"hello": 2.0}}, 400, "logit_bias"),
+    ("logit bias above 100", {**GOOD, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ("top_logprobs with logprobs false", {**GOOD, "logprobs": False, "top_logprobs": 3}, 400, "top_logprobs"),
     ("top_logprobs above 20", {**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("unknown response format", {**GOOD, "response_format": {"type": "xml"}}, 400, "response_format.type"),
@@ -99,7 +101,7 @@ def test_the_official_client_learns_which_field_was_refused(idle_server):
     import openai
 
     client = openai.OpenAI(base_url=idle_server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
-    calls = {"logit_bias": {"logit_bias": {"5": 2.0}},
+    calls = {"prediction": {"prediction": {"type": "content", "content": "x"}},
              "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}}
     for field, kwargs in calls.items():
         with pytest.raises(openai.BadRequestError) as e:

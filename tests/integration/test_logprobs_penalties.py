@@ -97,3 +97,27 @@ def test_paced_streams_carry_the_same_tokens_one_per_chunk(client):
     assert "".join(c.choices[0].delta.content or "" for c in paced) == \
         "".join(c.choices[0].delta.content or "" for c in plain)
     assert any(len(c.choices[0].logprobs.content) > 1 for c in plain if c.choices[0].logprobs)  # it did burst
+
+
+def test_logit_bias_bans_and_favours_tokens_alike_with_and_without_speculation(client):
+    plain = client.completions.create(model="default", prompt=CODE, temperature=0, max_tokens=12, logprobs=0)
+    first = plain.choices[0].logprobs.tokens[0]
+    banned = tokenizer_id(first)
+    on, off = both(client.completions.create, model="default", prompt=CODE, temperature=0, max_tokens=12,
+                   logit_bias={str(banned): -100})
+    assert on.choices[0].text == off.choices[0].text != plain.choices[0].text
+    assert not on.choices[0].text.startswith(first)
+    assert on.usage.model_extra["speculation"]["drafted_tokens"] > 0
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="default", prompt=CODE, max_tokens=2, logit_bias={"10000000": 5})
+    assert bad.value.body["param"] == "logit_bias"
+
+
+def tokenizer_id(text: str) -> int:
+    from transformers import AutoTokenizer
+
+    from kernels.default_model import default_model_dir
+
+    ids = AutoTokenizer.from_pretrained(str(default_model_dir())).encode(text, add_special_tokens=False)
+    assert len(ids) == 1
+    return ids[0]

@@ -59,3 +59,17 @@ async def test_invalid_batch_settings_are_refused_at_start(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--scheduler-mode", "mtp_batch",
                                *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr
+
+
+async def test_the_choices_of_one_request_prefill_its_prompt_once(batch_server, idle_server):
+    """n = 3 joins the batch as one prefill row and two twins that copy its KV: greedy, the three
+    answers are plain decode's, and the twins' prompt tokens all count as reused."""
+    prompt = PROMPTS[2]
+    async with aiohttp.ClientSession() as http:
+        reply = await complete(http, batch_server.url, prompt, n=3)
+        alone = await complete(http, idle_server.url, prompt, disable_mtp=True)
+    assert [c["text"] for c in reply["choices"]] == [alone["choices"][0]["text"]] * 3
+    prompt_tokens = reply["usage"]["prompt_tokens"]
+    cached = [e["cached_tokens"] for i in (1, 2) for e in batch_server.events(f"{reply['id']}.{i}")
+              if e["event"] == "prefilled"]
+    assert cached == [prompt_tokens, prompt_tokens]

@@ -20,7 +20,8 @@ PROMPTS = {
 # takes one small K here (tests/unit covers it at K = 1, 2, 4, 8 on a tiny model). The trained head
 # shipped for the default model (reduced draft vocabulary) runs at K = 1, 2 and 4.
 DRAFTER_KS = [("ngram", 1), ("ngram", 4), ("ngram", 6), ("ngram", 7), ("draft-model", 2), ("draft-model", 5),
-              ("draft-model", 8), ("mtp", 3), ("shipped-mtp", 1), ("shipped-mtp", 2), ("shipped-mtp", 4)]
+              ("draft-model", 8), ("mtp", 3), ("fused-mtp", 3), ("shipped-mtp", 1), ("shipped-mtp", 2),
+              ("shipped-mtp", 4)]
 N = 24
 
 
@@ -63,12 +64,28 @@ def engine_for(kind, model, model_dir):
         return Engine(model, drafter=build_drafter("mtp", model, model_dir, None, None)[1])
     if kind == "draft-model":
         return Engine(model, drafter=DraftModelDrafter(model))
-    if kind == "mtp":  # an untrained head of the model's shape: drafts are poor, the output must not change
+    if kind in ("mtp", "fused-mtp"):  # an untrained head of the model's shape: poor drafts, same output
         mx.random.seed(0)
+        layers = (2, 15) if kind == "fused-mtp" else ()  # fed low and middle layers too (EAGLE-3 style)
         head = MTPHead(MTPConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                                 intermediate_size=1536, rope_theta=100000.0))
+                                 intermediate_size=1536, rope_theta=100000.0, feature_layers=layers))
         return Engine(model, drafter=MtpDrafter(head, model))
     return Engine(model)
+
+
+def test_the_forward_that_feeds_a_fused_head_gives_the_stock_logits(target, model_dir):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from kernels.features import body
+    from kernels.loader import output_head
+
+    model, codec, _ = target
+    stock, mine = make_prompt_cache(model), make_prompt_cache(model)
+    ids = codec.encode(PROMPTS["chat"])
+    for tokens in (mx.array([ids]), mx.array([[ids[-1]]]), mx.array([ids[:4]])):  # prefill, step, verify
+        final, _ = body(model, tokens, mine, (2, 15))
+        assert mx.array_equal(output_head(model)(final), model(tokens, cache=stock))
 
 
 @pytest.mark.parametrize("kind,k", DRAFTER_KS, ids=[f"{d}-K{k}" for d, k in DRAFTER_KS])

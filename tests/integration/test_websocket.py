@@ -4,6 +4,7 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -74,3 +75,34 @@ async def test_disconnect_mid_stream_frees_the_slot(idle_server):
     assert idle_server.health()["scheduler"]["active"] == 0
     # Freed by cancelling it, not by the story happening to end within the wait.
     assert idle_server.counter("requests_total{outcome=cancelled}") - cancelled == 1
+
+
+async def test_generate_takes_the_http_apis_processing_fields(idle_server):
+    """Penalties, logit_bias, response_format, logprobs and pacing over the socket give what the HTTP
+    API gives for the same request."""
+    import json
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"type": "string", "maxLength": 20}}}
+    fields = {"temperature": 0, "max_tokens": 24, "presence_penalty": 0.4, "logit_bias": {"28": -5},
+              "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(idle_server.url + "/v1/ws") as ws:
+            await ws.send_json({"type": "generate", "id": "a", "messages": CAPITAL, "logprobs": 2,
+                                "stream_pacing": True, **fields})
+            got = (await collect(ws, {"a"}))["a"]
+        async with http.post(idle_server.url + "/v1/chat/completions",
+                             json={"messages": CAPITAL, "logprobs": True, "top_logprobs": 2, **fields}) as r:
+            assert r.status == 200, await r.text()
+            want = (await r.json())["choices"][0]
+    tokens = [m for m in got if m["type"] == "tokens"]
+    text = "".join(m["text"] for m in tokens)
+    assert text == want["message"]["content"] and json.loads(text)["city"]
+    entries = [e for m in tokens for e in m["logprobs"]]
+    assert [e["token"] for e in entries] == [e["token"] for e in want["logprobs"]["content"]]
+    # the grammar's mask leaves forced positions one alternative
+    assert max(len(e["top_logprobs"]) for e in entries) == 2
+    for got_entry, want_entry in zip(entries, want["logprobs"]["content"]):
+        assert [t["token"] for t in got_entry["top_logprobs"]] == [t["token"] for t in want_entry["top_logprobs"]]
+        assert got_entry["logprob"] == pytest.approx(want_entry["logprob"], abs=2e-3)
+    assert all(len(m["token_ids"]) == 1 for m in tokens)  # paced: one token per frame

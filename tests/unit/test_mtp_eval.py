@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 from pathlib import Path
 
@@ -39,6 +41,8 @@ def greedy_answer(model, prompt, max_tokens):
 
 class ScriptedHead:
     """Drafts the base's true continuation for its first `right` depths, then wrong tokens."""
+
+    config = SimpleNamespace(feature_layers=())  # reads the last hidden state, as a last-layer head
 
     def __init__(self, tokens, right):
         self.tokens, self.right, self.fed = tokens, right, 0

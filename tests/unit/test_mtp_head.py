@@ -20,11 +20,9 @@ from kernels.mtp_head import (
     init_draft_vocab,
     shrink_draft_vocab,
     load_mtp_head,
-    load_qwen_mtp_head,
-    map_qwen_mtp_weights,
-    qwen_mtp_config,
     save_mtp_head,
 )
+from kernels.mtp_qwen import load_qwen_mtp_head, map_qwen_mtp_weights, qwen_mtp_config
 from kernels.sampling import greedy
 
 VOCAB, HIDDEN = 128, 64

@@ -16,7 +16,8 @@ from kernels.mtp_batches import (
 from kernels.mtp_data import generate_traces, load_shards, save_shard
 from kernels.mtp_head import HEAD_WEIGHTS, load_mtp_head
 from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, held_out_prompts
-from kernels.mtp_train import new_head, parser, run, unrolled_mask, unrolled_outputs
+from kernels.mtp_loss import unrolled_mask, unrolled_outputs
+from kernels.mtp_train import new_head, parser, run
 from tests.tiny import tiny_llama
 
 VOCAB = 128
@@ -99,7 +100,8 @@ def test_training_lowers_the_loss_and_records_itself(base, data_dir, tmp_path):
 def test_soft_targets_add_the_base_distribution_to_the_loss(base, data_dir, tmp_path):
     """The soft term is cross-entropy against softmax(draft_lm_head(h_{j+1})): never below its
     entropy, so it adds to the loss; a run with it trains and records its weight."""
-    from kernels.mtp_train import new_head, unrolled_loss
+    from kernels.mtp_loss import unrolled_loss
+    from kernels.mtp_train import new_head
 
     seqs = sequences_from(load_shards(data_dir))
     ids = frequent_tokens(seqs, 48, VOCAB)

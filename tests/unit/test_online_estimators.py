@@ -69,7 +69,8 @@ def test_a_request_whose_drafts_fail_stops_drafting_then_is_tried_again():
         acc.step()
         if depth() == 0:
             break
-    assert depth() == 0 and steps <= 6
+    # 10 here: a prior of 0.6 and a latency objective keep drafting worth a try longest
+    assert depth() == 0 and steps <= 10
     # Its own evidence fades step by step, so the upper bound reopens: exploration may retry it.
     upper = lambda: acc.upper(Phase.ANSWER, 1)[0]  # noqa: E731
     low = upper()

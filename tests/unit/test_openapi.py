@@ -41,8 +41,8 @@ def test_request_fields_and_websocket_messages_are_all_documented():
 
 def test_unsupported_fields_list_only_their_neutral_values_and_limits_come_from_the_config():
     props = document(app(max_tokens_limit=8))["components"]["schemas"]["ChatRequest"]["properties"]
-    bias = next(u for u in UNSUPPORTED if u.field == "logit_bias")
-    assert props["logit_bias"]["enum"] == list(bias.neutral) and bias.reason in props["logit_bias"]["description"]
+    store = next(u for u in UNSUPPORTED if u.field == "store")
+    assert props["store"]["enum"] == list(store.neutral) and store.reason in props["store"]["description"]
     assert props["max_tokens"]["anyOf"][0]["maximum"] == 8
     assert MODEL in props["model"]["enum"]
     completion = document(app())["components"]["schemas"]["CompletionRequest"]["properties"]

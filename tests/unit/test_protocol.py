@@ -78,7 +78,7 @@ def test_every_field_of_the_openai_client_is_declared(kind, cls):
 
 @pytest.mark.parametrize("field,value", [
     ("functions", [{"name": "f"}]), ("function_call", "auto_call"),
-    ("logit_bias", {"42": 5}), ("store", True),
+    ("prediction", {"type": "content"}), ("store", True),
     ("reasoning_effort", "high"), ("modalities", ["text", "audio"]), ("service_tier", "flex"),
     ("parallel_tool_calls", False),
 ])

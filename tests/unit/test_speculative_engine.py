@@ -33,13 +33,21 @@ def make_engine(kind, model, batched=False):
         return Engine(model, drafter=DraftModelDrafter(tiny_llama(seed=11)), batched=batched)
     if kind == "self-draft":  # the target as its own draft model: every draft is accepted
         return Engine(model, drafter=DraftModelDrafter(model), batched=batched)
-    if kind == "mtp":
+    if kind in ("mtp", "mtp-fused"):
         mx.random.seed(5)
+        # mtp-fused: fed decoder layer 0's output with the last hidden state (random fusion weights)
         head = MTPHead(MTPConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=128))
+                                 intermediate_size=128, feature_layers=(0,) if kind == "mtp-fused" else ()))
         mx.eval(head.parameters())
         return Engine(model, drafter=MtpDrafter(head, model), batched=batched)
     return Engine(model, batched=batched)
+
+
+def head_input(model, history: mx.array, drafter) -> mx.array:
+    """What the runtime feeds the drafter's head for a history, at every position."""
+    from kernels.features import body
+
+    return body(model, history[None], None, drafter.feature_layers)[1][0]
 
 
 def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, full=False, oracle=None,
@@ -70,7 +78,7 @@ def speculative(engine, kind, prompt, k, mix_plain, temperature=0.0, seed=None, 
     return out if full else out[:N]
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft-model", "self-draft", "mtp"])
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "self-draft", "mtp", "mtp-fused"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("mix_plain", [False, True])
 def test_greedy_speculation_equals_plain_decode(kind, k, mix_plain):
@@ -110,22 +118,23 @@ def test_sampled_speculation_is_reproducible(kind):
 
 
 @pytest.mark.parametrize("absorb_after", [None, 3])
-def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, monkeypatch):
+@pytest.mark.parametrize("kind", ["mtp", "mtp-fused"])
+def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, kind, monkeypatch):
     """After plain and verify steps, the head's drafts equal a fresh head fed the whole history, also
     when pending pairs are absorbed between drafts (a small bound) and lookahead feeds are undone."""
     if absorb_after is not None:
         monkeypatch.setattr("kernels.drafters._ABSORB_AFTER", absorb_after)
     model = tiny_llama(seed=4)
-    engine = make_engine("mtp", model)
+    engine = make_engine(kind, model)
     head, prompt = engine.drafter.head, PROMPTS[1]
-    out = speculative(engine, "mtp", prompt, 3, mix_plain=True, full=True, oracle=plain(model, prompt) * 2)
+    out = speculative(engine, kind, prompt, 3, mix_plain=True, full=True, oracle=plain(model, prompt) * 2)
     state = engine.seqs["s"]
     engine.settle(state)
     history = mx.array(prompt + out, dtype=mx.uint32)
     assert state.length == history.size - 1  # every committed token but `last` is in the cache
-    hidden = model.model(history[None])[0]  # positions 0..length; the last one's next token is unknown
-    pairs_h, pairs_t = hidden[:-1], history[1:]
     drafter = engine.drafter
+    hidden = head_input(model, history, drafter)  # positions 0..length; the last one's next token is unknown
+    pairs_h, pairs_t = hidden[:-1], history[1:]
     expected = head.draft(pairs_h, pairs_t, 3, drafter.embed, drafter.norm, drafter.lm_head, head.make_cache())
     got_ids, got_logprobs = engine.propose("s", 3)
     assert got_ids == expected.ids
@@ -146,7 +155,7 @@ def test_plain_decode_leaves_the_head_untouched_until_it_drafts():
     assert d["cache"][0].offset == len(PROMPTS[2]) + 12 and d["pending"] == 0
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp"])
+@pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp", "mtp-fused"])
 def test_batched_rows_equal_each_sequence_alone(kind):
     """Sequences of different lengths step together, some plain and some with drafts of different
     depths; each one's greedy output equals its plain decode alone."""
@@ -274,7 +283,7 @@ def test_a_sequence_that_never_drafts_is_never_fed(kind):
     assert outs["off"][:N] == plain(model, PROMPTS[1])
 
 
-@pytest.mark.parametrize("kind", ["none", "mtp"])
+@pytest.mark.parametrize("kind", ["none", "mtp", "mtp-fused"])
 def test_a_group_prefilled_in_chunks_between_steps_decodes_as_alone(kind):
     """Chunked prefill: a group of two (different lengths, so left padding) prefills a few positions
     per call while a running sequence keeps decoding with lookahead, then joins; every sequence's
@@ -298,12 +307,12 @@ def test_a_group_prefilled_in_chunks_between_steps_decodes_as_alone(kind):
             outs[s].append(token)
     for s, out in outs.items():
         assert out[:N] == plain(model, PROMPTS[int(s)]), s
-    if kind == "mtp":  # the head drafts as if fed the whole history at once
+    if kind != "none":  # the head drafts as if fed the whole history at once
         state = engine.seqs["2"]
         engine.batch.drop_ahead(engine)
         history = mx.array(PROMPTS[2] + outs["2"], dtype=mx.uint32)
-        hidden = model.model(history[None])[0]
         drafter = engine.drafter
+        hidden = head_input(model, history, drafter)
         expected = drafter.head.draft(hidden[:-1], history[1:], 2, drafter.embed, drafter.norm, drafter.lm_head,
                                       drafter.head.make_cache())
         assert state.length == history.size - 1

@@ -48,7 +48,7 @@ def tree_run(engine, kind, prompt, k, layout, mix_plain, oracle):
     return out
 
 
-@pytest.mark.parametrize("kind", ["ngram", "mtp"])
+@pytest.mark.parametrize("kind", ["ngram", "mtp", "mtp-fused"])
 @pytest.mark.parametrize("layout", ["mask", "rows"])
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("mix_plain", [False, True])
@@ -61,16 +61,17 @@ def test_greedy_tree_speculation_equals_plain_decode(kind, layout, k, mix_plain)
 
 
 @pytest.mark.parametrize("layout", ["mask", "rows"])
-def test_the_mtp_head_sees_exactly_the_committed_pairs_after_tree_steps(layout):
+@pytest.mark.parametrize("kind", ["mtp", "mtp-fused"])
+def test_the_mtp_head_sees_exactly_the_committed_pairs_after_tree_steps(layout, kind):
     model = tiny_llama(seed=4)
-    engine = make_engine("mtp", model)
+    engine = make_engine(kind, model)
     prompt = PROMPTS[1]
     oracle = plain(model, prompt, N + 8)
-    out = tree_run(engine, "mtp", prompt, 3, layout, True, oracle)
+    out = tree_run(engine, kind, prompt, 3, layout, True, oracle)
     state = engine.seqs["s"]
     engine.settle(state)
     assert state.length == len(prompt) + len(out) - 1  # every committed token but `last` is cached
-    fresh = make_engine("mtp", model)
+    fresh = make_engine(kind, model)
     assert fresh.prefill("f", prompt + out[:-1], 0.0, 1.0, None, False) == out[-1]
     (ids, confidences), (fresh_ids, fresh_confidences) = engine.propose("s", 3), fresh.propose("f", 3)
     assert ids == fresh_ids and confidences == pytest.approx(fresh_confidences, abs=1e-4)
