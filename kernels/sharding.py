@@ -115,6 +115,16 @@ class PipelinedLlama(llama.LlamaModel):
         return self.norm(h)
 
 
+def started(loaded, drafter, channel) -> tuple[str, dict[str, float]]:
+    """After every rank has loaded its part: (the layout, the collectives' costs alone). A fused MTP
+    head reads several layers' outputs, which a pipeline splits over the ranks: refused, on every rank."""
+    layout = loaded.layout[0]
+    if layout == "pipeline" and getattr(drafter, "feature_layers", ()):
+        raise ShardingError(f"--parallel pipeline: the MTP head reads layers {list(drafter.feature_layers)}, "
+                            f"which live on several ranks; use --parallel tensor or a last-layer head")
+    return layout, probe_collectives(loaded.model, layout, channel)
+
+
 def probe_collectives(model, layout: str, channel) -> dict[str, float]:
     """ms, every rank together and nothing else running: one forward's collectives alone, by rows
     (1: decode, 4: a verify), and one command's broadcast ("command")."""
