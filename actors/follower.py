@@ -6,7 +6,8 @@ digest of each result against its own.
 
 It exits 0 on StopFollowers (rank 0's shutdown) and 1 when rank 0 is gone: a collective fails (rank
 0 died) or no command comes for timeout_s + heartbeat_s (rank 0 hangs; an idle rank 0 sends a
-heartbeat every heartbeat_s). mlx.launch then stops the other ranks.
+heartbeat every heartbeat_s); and when its launcher dies (killed mlx.launch leaves its ranks
+running). mlx.launch then stops the other ranks.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Watchdog:
     def __init__(self, limit: float, log):
         self.limit, self.log = limit, log
         self.last = time.monotonic()
+        self.parent = os.getppid()  # mlx.launch (or the ssh session it started this rank from)
         threading.Thread(target=self._watch, name="follower-watchdog", daemon=True).start()
 
     def fed(self) -> None:
@@ -73,5 +75,17 @@ class Watchdog:
             time.sleep(min(1.0, self.limit / 4))
             if time.monotonic() - self.last > self.limit:
                 self.log.error("follower_rank_0_silent", seconds=round(self.limit, 1))
-                sys.stderr.flush()
-                os._exit(1)
+            elif os.getppid() != self.parent:  # the launcher died: nothing will stop this rank
+                silence()  # its pipes are gone with it
+            else:
+                continue
+            sys.stderr.flush()
+            os._exit(1)
+
+
+def silence() -> None:
+    """Point stdout and stderr at /dev/null: the launcher that read them has died, and every log
+    line would raise BrokenPipeError in whatever logged it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)

@@ -5,22 +5,26 @@ the other ranks compute the same results from the same inputs, and rank 0 fills 
 differ (a fresh seed) before it broadcasts.
 
 Receives and replies what ModelOwner does; sends nothing more. Faults: a collective that fails (a
-rank died), a command the group has not finished after `timeout_s` (a rank hangs), or a rank whose
-result of a command differs from rank 0's (a divergence) loses the group: the asker gets the error,
-the actor stops, and the system fails every in-flight request and reports it on /health. While idle,
-a heartbeat every `heartbeat_s` finds a lost rank with no request in flight. At shutdown the other
-ranks are told to stop.
+rank died), a command with no progress for `timeout_s` (a rank hangs; a long prefill progresses
+chunk by chunk), or a rank whose result of a command differs from rank 0's (a divergence) loses
+the group: the asker gets the error, the actor stops, and the system fails every in-flight request
+and reports it on /health. While idle, a heartbeat every `heartbeat_s` finds a lost rank with no
+request in flight. At shutdown the other ranks are told to stop; so are they when mlx.launch dies
+(it leaves its ranks running): rank 0 then shuts down as on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from typing import Any
 
 import msgspec
 
+from actors.follower import silence
 from actors.model_owner import ModelOwner
 from runtime.config import DistributedConfig
 from runtime.messages import ActorFailure, Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
@@ -35,7 +39,7 @@ class GroupOwner(ModelOwner):
         self.digest = 0  # this rank's digest of its last command's result
         self.previous = "start-up"  # that command's name, for the divergence error
         self._lost: asyncio.Future | None = None
-        self._running: tuple[str, float] | None = None  # (command, started) on the thread now
+        self._running: tuple[str, float] | None = None  # (command, its start or last progress) on the thread
         self._queued = 0  # commands submitted and not finished
         self._idle_since = time.monotonic()
         self._beat: asyncio.Task | None = None
@@ -49,7 +53,14 @@ class GroupOwner(ModelOwner):
         from kernels.group import Channel, init_group
 
         self.channel = Channel(init_group())
-        return super()._load()
+        info = super()._load()
+        self.engine.progress = self._progressed
+        return info
+
+    def _progressed(self) -> None:
+        """On the thread, after each prefill chunk: a long prompt's command is alive while it advances."""
+        if (running := self._running) is not None:
+            self._running = (running[0], time.monotonic())
 
     # --- rank 0's side of each command ---------------------------------------------------------
     def execute(self, msg: OwnerCommand | Heartbeat | StopFollowers) -> Any:
@@ -121,11 +132,16 @@ class GroupOwner(ModelOwner):
 
     async def _heartbeat(self) -> None:
         every, timeout = self.group.heartbeat_s, self.group.timeout_s
+        parent = os.getppid()
         while self.lost is None:
             await asyncio.sleep(every)
+            if os.getppid() != parent:  # mlx.launch died (it leaves its ranks running): shut down
+                silence()
+                os.kill(os.getpid(), signal.SIGTERM)
+                parent = os.getppid()
             running = self._running
             if running is not None and time.monotonic() - running[1] > timeout:
-                self.declare_lost(f"distributed group lost: {running[0]} not finished by every rank after "
+                self.declare_lost(f"distributed group lost: {running[0]} made no progress on every rank in "
                                   f"{timeout:g} s (a rank hangs or its network is down)")
             elif self._queued == 0 and time.monotonic() - self._idle_since >= every:
                 self._probe()

@@ -106,10 +106,9 @@ class ModelOwner(Actor):
         store = PromptStore(*self.prompt_cache, kv_share=share) if min(self.prompt_cache) > 0 else None
         self.engine = Engine(loaded.model, self.prefill_step, drafter, batched=self.batched, prompt_cache=store)
         if self.channel is not None:
-            from kernels.sharding import probe_collectives
+            from kernels.sharding import started
 
-            self.layout = loaded.layout[0]
-            self.collectives_ms = probe_collectives(loaded.model, self.layout, self.channel.group)
+            self.layout, self.collectives_ms = started(loaded, drafter, self.channel)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,

@@ -77,6 +77,7 @@ def advance(engine, group: PrefillGroup, budget: int | None) -> tuple[list[int] 
         _forward(engine, group, n)
         mx.eval([c.state for c in group.cache])
         group.done, spent = group.done + n, spent + n
+        engine.progress()
     if group.width - group.done > 1:
         return None, spent * rows
     logits = _forward(engine, group, 1)[:, -1]

@@ -64,6 +64,7 @@ class Engine:
         self.can_twin = copyable and getattr(drafter, "clonable", True)
         if self.prompt_cache is not None and drafter is not None:
             drafter.keep_log = True
+        self.progress = _nothing  # called after each prefill chunk (a distributed group's watchdog)
 
     # --- plain path --------------------------------------------------------------------------
     def prefill(self, seq_id: str, prompt_ids, temperature: float, top_p: float,
@@ -81,6 +82,7 @@ class Engine:
             self._forward(state, prompt[done:done + n])
             mx.eval([c.state for c in state.cache])
             done += n
+            self.progress()
         token = self._emit(state, self._step(state, prompt[done:]))
         if lookahead and self.batch is None:
             self.start_ahead([seq_id])
@@ -289,6 +291,10 @@ class Engine:
             for c in state.cache:
                 c.trim(n)
             state.length -= n
+
+
+def _nothing() -> None:
+    pass
 
 
 def _fresh_seed() -> int:

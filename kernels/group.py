@@ -64,6 +64,10 @@ class Channel:
         out = self._sum(self._header(digest))
         return self.unframe(out, lambda n: self._sum(np.zeros(n, np.uint8)).tobytes())
 
+    def idle_broadcast(self) -> None:
+        """One header's all_sum, every rank together: a command's broadcast alone, to time it."""
+        self._sum(self._header(0))
+
     def frame(self, msg: GroupCommand, digest: int) -> tuple[np.ndarray, bytes]:
         """The header rank 0 contributes (length, its digest, the payload's start) and the rest."""
         data = _encoder.encode(msg)

@@ -115,16 +115,27 @@ class PipelinedLlama(llama.LlamaModel):
         return self.norm(h)
 
 
-def probe_collectives(model, layout: str, group) -> dict[int, float]:
-    """ms of one forward's collectives alone, by rows: 1 (decode) and 4 (a verify)."""
-    return {rows: round(_collectives_ms(model, layout, group, rows), 4) for rows in (1, 4)}
+def started(loaded, drafter, channel) -> tuple[str, dict[str, float]]:
+    """After every rank has loaded its part: (the layout, the collectives' costs alone). A fused MTP
+    head reads several layers' outputs, which a pipeline splits over the ranks: refused, on every rank."""
+    layout = loaded.layout[0]
+    if layout == "pipeline" and getattr(drafter, "feature_layers", ()):
+        raise ShardingError(f"--parallel pipeline: the MTP head reads layers {list(drafter.feature_layers)}, "
+                            f"which live on several ranks; use --parallel tensor or a last-layer head")
+    return layout, probe_collectives(loaded.model, layout, channel)
 
 
-def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 10) -> float:
+def probe_collectives(model, layout: str, channel) -> dict[str, float]:
+    """ms, every rank together and nothing else running: one forward's collectives alone, by rows
+    (1: decode, 4: a verify), and one command's broadcast ("command")."""
+    times = {str(rows): _collectives_ms(model, layout, channel.group, rows) for rows in (1, 4)}
+    times["command"] = fastest_ms(channel.idle_broadcast, 20)
+    return {k: round(v, 4) for k, v in times.items()}
+
+
+def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 20) -> float:
     """Run by every rank together: the communication a step pays, apart from its compute (tensor:
     two all_sums per layer; pipeline: a receive and a send per stage, then the all_gather)."""
-    import time
-
     hidden = model.args.hidden_size
     x = mx.zeros((1, rows, hidden), dtype=mx.float32)
     mx.eval(x)
@@ -141,8 +152,18 @@ def _collectives_ms(model, layout: str, group, rows: int, repeats: int = 10) -> 
             h = mx.distributed.send(h, rank - 1, group=group)
         return mx.distributed.all_gather(h, group=group)[:1]
 
-    mx.eval(forward(x))  # the first exchange sets up buffers
-    started = time.perf_counter()
+    return fastest_ms(lambda: mx.eval(forward(x)), repeats)
+
+
+def fastest_ms(fn, repeats: int) -> float:
+    """The fastest of `repeats` calls (ms), after one untimed call (the first exchange sets up
+    buffers): the collectives' own cost, without what another process on a shared core adds."""
+    import time
+
+    fn()
+    times = []
     for _ in range(repeats):
-        mx.eval(forward(x))
-    return 1e3 * (time.perf_counter() - started) / repeats
+        started = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - started))
+    return min(times)

@@ -4,9 +4,10 @@ under `mlx.launch --backend ring` on loopback, in one run.
 Both servers get the same settings, a warm-up and then the held-out chat and code prompts, one at a
 time, greedy, through the official openai client. Per server: tok/s (completion tokens over the
 requests' wall time), the served step time (the scheduler's step wall time, from /metrics), and for
-the group its split: communication is what rank 0 spends broadcasting commands (measured on every
-command) plus one forward's own collectives (timed alone at start-up, at 1 row for plain steps and 4
-for speculative ones); compute is the rest of the step. The outputs must be byte-identical.
+the group its split: communication is the commands' broadcasts (their count per step, served, times
+one broadcast's cost) plus each step's forward collectives, both timed alone at start-up (the
+fastest of 20; a forward's at 1 row for plain steps, 4 for speculative ones); compute is the rest of
+the step, waits for the other ranks' compute included. The outputs must be byte-identical.
 
 On one host the ranks share the cores, so the group is expected to be slower: the point is the
 measured cost of communication per step, which the README turns into an estimate for real machines.
@@ -53,11 +54,12 @@ class Run:
 
     @property
     def comm_ms(self) -> float:
-        """Per step: the commands' broadcasts, and each step's forward collectives."""
+        """Per step: the commands' broadcasts and each step's forward collectives, at what they cost
+        alone (a broadcast that waits for a rank still computing waits for compute)."""
         if self.group is None:
             return 0.0
         g = self.group
-        per_step = g["commands"] / max(self.step_count, 1) * g["command_ms"]
+        per_step = g["commands"] / max(self.step_count, 1) * g["collectives_ms"]["command"]
         forwards = {"step_plain": g["collectives_ms"]["1"], "step_mtp": g["collectives_ms"]["4"]}
         collectives = sum(n * forwards.get(phase, forwards["step_plain"]) for phase, (n, _) in self.steps.items())
         return per_step + collectives / max(self.step_count, 1)
@@ -132,9 +134,11 @@ def report(alone: Run, group: Run, ranks: int) -> None:
                      comm / run.step_ms if run.step_ms else 0.0])
     print(table(["server", "tokens", "tok_s", "steps", "step_ms", "compute_ms", "comm_ms", "comm_share"], rows))
     g = group.group
-    print(f"group: {g['parallel']} over {ranks} processes; {g['commands']} commands broadcast, "
-          f"{g['command_ms']:.3f} ms each; one forward's collectives alone: {g['collectives_ms']['1']:.3f} ms "
-          f"(1 row), {g['collectives_ms']['4']:.3f} ms (4 rows)")
+    c = g["collectives_ms"]
+    print(f"group: {g['parallel']} over {ranks} processes; alone, a command's broadcast {c['command']:.3f} ms, "
+          f"one forward's collectives {c['1']:.3f} ms (1 row), {c['4']:.3f} ms (4 rows); served, "
+          f"{g['commands']} commands ({g['commands'] / max(group.step_count, 1):.2f} per step) took "
+          f"{g['command_ms']:.3f} ms each, waits for the other ranks' compute included")
     for run in (alone, group):
         kinds = ", ".join(f"{k} {v['mean_ms']:.2f} ms x{v['count']}" for k, v in sorted(run.owner_ms.items()))
         print(f"{run.name}: owner commands (broadcast apart): {kinds}")

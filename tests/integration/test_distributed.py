@@ -6,7 +6,8 @@ speculate: greedy output of several requests, in serial and in mtp_batch, is byt
 single-process server's plain decode. SIGTERM on rank 0 stops the follower.
 A follower that stops answering (SIGSTOP) fails the requests in flight with a clear error, each
 stream ending with exactly one terminal event, and /health reports the lost group; a killed
-follower does the same and the whole group then exits, nothing hangs.
+follower does the same and the whole group then exits, nothing hangs; a killed mlx.launch leaves no
+rank behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -27,6 +29,9 @@ PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_sta
            "<|im_start|>user\nWrite a Python function that returns the squares of a list.<|im_end|>\n"
            "<|im_start|>assistant\n",
            "one two three one two three one two"]
+# ~300 tokens: over several prefill chunks of the batch group (a stage's sends and receives per chunk)
+LONG = "<|im_start|>user\n" + " ".join(f"Item {i} is a {('red', 'green', 'blue')[i % 3]} box." for i in range(40)) \
+    + " Which items are blue?<|im_end|>\n<|im_start|>assistant\n"
 FORCED = ["--mtp-gate", "force", "--spec-cost-model", "off", "--num-draft-tokens", "3"]
 MAX_TOKENS = 24
 
@@ -40,7 +45,7 @@ def serial_group(model_dir):
 @pytest.fixture(scope="module")
 def batch_group(model_dir):
     extra = [*FORCED, "--scheduler-mode", "mtp_batch", "--max-active-requests", "4", "--batch-wait-ms", "20",
-             "--group-timeout-s", "4"]
+             "--group-timeout-s", "8", "--prefill-step", "96"]  # LONG prefills in several chunks
     with LaunchedGroup(model_dir, extra) as group:
         yield group
 
@@ -52,25 +57,25 @@ async def complete(http, url, prompt, **extra) -> dict:
         return await r.json()
 
 
-async def same_as_alone(group_url: str, alone_url: str, together: bool) -> list[dict]:
+async def same_as_alone(group_url: str, alone_url: str, prompts: list[str], together: bool) -> list[dict]:
     """The group's answers (sent together or one by one) checked against the single process's."""
     async with aiohttp.ClientSession() as http:
         if together:
-            got = await asyncio.gather(*(complete(http, group_url, p) for p in PROMPTS))
+            got = await asyncio.gather(*(complete(http, group_url, p) for p in prompts))
         else:
-            got = [await complete(http, group_url, p) for p in PROMPTS]
-        want = [await complete(http, alone_url, p, disable_mtp=True) for p in PROMPTS]
-    for prompt, g, w in zip(PROMPTS, got, want):
+            got = [await complete(http, group_url, p) for p in prompts]
+        want = [await complete(http, alone_url, p, disable_mtp=True) for p in prompts]
+    for prompt, g, w in zip(prompts, got, want):
         assert g["choices"][0]["text"] == w["choices"][0]["text"], prompt
     assert any(r["usage"]["speculation"]["verify_steps"] for r in got)  # speculation ran, distributed
     return got
 
 
 def test_serial_greedy_output_is_the_single_process_output(serial_group, idle_server):
-    asyncio.run(same_as_alone(serial_group.url, idle_server.url, together=False))
+    asyncio.run(same_as_alone(serial_group.url, idle_server.url, PROMPTS, together=False))
     group = serial_group.health()["distributed"]
     assert group["state"] == "ok" and group["size"] == 2 and group["parallel"] == "pipeline"
-    assert group["commands"] > 0 and group["collectives_ms"]["1"] > 0
+    assert group["commands"] > 0 and group["collectives_ms"]["1"] > 0 and group["collectives_ms"]["command"] > 0
 
 
 def test_sigterm_on_rank_0_stops_the_follower(serial_group):
@@ -84,7 +89,7 @@ def test_sigterm_on_rank_0_stops_the_follower(serial_group):
 
 
 def test_mtp_batch_greedy_output_is_the_single_process_output(batch_group, idle_server):
-    asyncio.run(same_as_alone(batch_group.url, idle_server.url, together=True))
+    asyncio.run(same_as_alone(batch_group.url, idle_server.url, [*PROMPTS, LONG], together=True))
     width = batch_group.health()["scheduler"]["mtp_batch"]["batch_width_histogram"]
     assert max(int(w) for w in width) >= 2
 
@@ -141,7 +146,19 @@ def tiny_group(tmp_path):
         yield group
 
 
+def gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
 def test_a_killed_follower_fails_requests_in_flight_and_the_group_exits(tiny_group):
     assert tiny_group.health()["distributed"]["parallel"] == "tensor"  # 4 heads, 2 KV heads: split by 2
+    pids = tiny_group.pids
     one_error_each(asyncio.run(fault_while_streaming(tiny_group, signal.SIGKILL)))
-    assert tiny_group.wait_exit(60) is not None
+    assert tiny_group.wait_exit(60) is not None and wait_until(lambda: gone(pids), 10)
+
+
+def test_a_killed_launcher_takes_its_ranks_with_it(tiny_group):
+    pids = tiny_group.pids
+    tiny_group.proc.kill()  # mlx.launch itself: it leaves its ranks running, they notice and end
+    tiny_group.proc.wait(10)
+    assert wait_until(lambda: gone(pids), 30)
