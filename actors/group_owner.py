@@ -27,7 +27,7 @@ import msgspec
 from actors.follower import silence
 from actors.model_owner import ModelOwner
 from runtime.config import DistributedConfig
-from runtime.messages import ActorFailure, Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
+from runtime.messages import Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
 
 
 class GroupOwner(ModelOwner):
@@ -151,21 +151,11 @@ class GroupOwner(ModelOwner):
 
         if self.lost is not None:
             return
-        self.lost = reason
+        self.lost = self.stopped_reason = reason  # every later asker is told why
         self.log.error("group_lost", reason=reason)
         self._lost.set_exception(GroupLost(reason))
         self._lost.exception()  # retrieved: on_thread re-raises it
         self.tell_nowait(Describe())  # wakes the loop, which then stops (dispatch)
-
-    async def ask(self, msg) -> Any:
-        if self.lost is not None:  # the reason, not only "stopped", for every later asker
-            raise ActorFailure(self.name, self.lost, 503)
-        return await super().ask(msg)
-
-    def _fail_pending(self) -> None:
-        while self.lost is not None and not self.inbox.empty():
-            self._reply_error(self.inbox.get_nowait()[1], ActorFailure(self.name, self.lost, 503))
-        super()._fail_pending()
 
     async def dispatch(self, msg, reply) -> None:
         await super().dispatch(msg, reply)
