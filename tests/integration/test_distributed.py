@@ -117,6 +117,12 @@ async def fault_while_streaming(group: LaunchedGroup, sig: int) -> list[list[dic
         return await asyncio.gather(*streams)
 
 
+async def late_request(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http, asyncio.timeout(10):
+        async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}) as r:
+            return r.status, await r.text()
+
+
 def one_error_each(streams: list[list[dict]]) -> None:
     for events in streams:
         errors = [e for e in events if "error" in e]
@@ -130,6 +136,8 @@ def test_a_follower_that_stops_answering_fails_requests_and_health_reports_it(ba
         health = batch_group.health()
         assert health["status"] == "degraded" and "distributed group lost" in health["failure"]
         assert health["distributed"]["state"] == "lost"
+        status, text = asyncio.run(late_request(batch_group.url))  # refused at once, with the reason
+        assert status == 503 and "distributed group lost" in text
     finally:
         batch_group.signal_rank(1, signal.SIGKILL)
     # mlx.launch stops rank 0 once a rank died: the whole group ends, nothing hangs
