@@ -133,12 +133,14 @@ class GroupOwner(ModelOwner):
     async def _heartbeat(self) -> None:
         every, timeout = self.group.heartbeat_s, self.group.timeout_s
         parent = os.getppid()
-        while self.lost is None:
+        while True:
             await asyncio.sleep(every)
             if os.getppid() != parent:  # mlx.launch died (it leaves its ranks running): shut down
                 silence()
                 os.kill(os.getpid(), signal.SIGTERM)
                 parent = os.getppid()
+            if self.lost is not None:
+                continue  # a lost group is not checked again, the launcher still is
             running = self._running
             if running is not None and time.monotonic() - running[1] > timeout:
                 self.declare_lost(f"distributed group lost: {running[0]} made no progress on every rank in "
@@ -165,7 +167,7 @@ class GroupOwner(ModelOwner):
             raise GroupLost(self.lost)  # the system fails every in-flight request and reports it
 
     async def teardown(self) -> None:
-        if self._beat is not None:
+        if self._beat is not None and self.lost is None:  # after a loss it still watches the launcher
             self._beat.cancel()
         if self.lost is None and self.engine is not None:
             try:
