@@ -5,8 +5,8 @@ every collective. It answers nobody: rank 0 alone samples and replies, and check
 digest of each result against its own.
 
 It exits 0 on StopFollowers (rank 0's shutdown) and 1 when rank 0 is gone: a collective fails (rank
-0 died) or no command comes for timeout_s + heartbeat_s (rank 0 hangs; an idle rank 0 sends a
-heartbeat every heartbeat_s); and when its launcher dies (killed mlx.launch leaves its ranks
+0 died) or neither a command nor a prefill chunk's progress comes for timeout_s + heartbeat_s (rank 0
+hangs; an idle rank 0 sends a heartbeat every heartbeat_s); and when its launcher dies (killed mlx.launch leaves its ranks
 running). mlx.launch then stops the other ranks.
 """
 
@@ -36,6 +36,7 @@ def follow(config: Config, model_dir: Path) -> int:
     owner.info = owner._load()
     log.info("follower_ready", parallel=owner.layout, matmul=owner.info.matmul)
     watchdog = Watchdog(config.distributed.timeout_s + config.distributed.heartbeat_s, log)
+    owner.engine.progress = watchdog.fed  # a long prefill is alive while its chunks advance
     mine = 0
     while True:
         try:

@@ -27,7 +27,7 @@ import msgspec
 from actors.follower import silence
 from actors.model_owner import ModelOwner
 from runtime.config import DistributedConfig
-from runtime.messages import ActorFailure, Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
+from runtime.messages import Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
 
 
 class GroupOwner(ModelOwner):
@@ -133,12 +133,14 @@ class GroupOwner(ModelOwner):
     async def _heartbeat(self) -> None:
         every, timeout = self.group.heartbeat_s, self.group.timeout_s
         parent = os.getppid()
-        while self.lost is None:
+        while True:
             await asyncio.sleep(every)
             if os.getppid() != parent:  # mlx.launch died (it leaves its ranks running): shut down
                 silence()
                 os.kill(os.getpid(), signal.SIGTERM)
                 parent = os.getppid()
+            if self.lost is not None:
+                continue  # a lost group is not checked again, the launcher still is
             running = self._running
             if running is not None and time.monotonic() - running[1] > timeout:
                 self.declare_lost(f"distributed group lost: {running[0]} made no progress on every rank in "
@@ -151,21 +153,11 @@ class GroupOwner(ModelOwner):
 
         if self.lost is not None:
             return
-        self.lost = reason
+        self.lost = self.stopped_reason = reason  # every later asker is told why
         self.log.error("group_lost", reason=reason)
         self._lost.set_exception(GroupLost(reason))
         self._lost.exception()  # retrieved: on_thread re-raises it
         self.tell_nowait(Describe())  # wakes the loop, which then stops (dispatch)
-
-    async def ask(self, msg) -> Any:
-        if self.lost is not None:  # the reason, not only "stopped", for every later asker
-            raise ActorFailure(self.name, self.lost, 503)
-        return await super().ask(msg)
-
-    def _fail_pending(self) -> None:
-        while self.lost is not None and not self.inbox.empty():
-            self._reply_error(self.inbox.get_nowait()[1], ActorFailure(self.name, self.lost, 503))
-        super()._fail_pending()
 
     async def dispatch(self, msg, reply) -> None:
         await super().dispatch(msg, reply)
@@ -175,7 +167,7 @@ class GroupOwner(ModelOwner):
             raise GroupLost(self.lost)  # the system fails every in-flight request and reports it
 
     async def teardown(self) -> None:
-        if self._beat is not None:
+        if self._beat is not None and self.lost is None:  # after a loss it still watches the launcher
             self._beat.cancel()
         if self.lost is None and self.engine is not None:
             try:

@@ -32,6 +32,7 @@ class Actor:
         self._task: asyncio.Task | None = None
         self._sending: set[asyncio.Task] = set()  # tell_nowait's sends that found the inbox full
         self._closing = False
+        self.stopped_reason: str | None = None  # why it stopped, for the askers it then fails
         self.ready = asyncio.Event()
 
     # --- what peers call -----------------------------------------------------------------
@@ -50,7 +51,7 @@ class Actor:
 
     async def ask(self, msg: Any) -> Any:
         if self._closing:
-            raise ActorFailure(self.name, "actor is stopped", 503)
+            raise ActorFailure(self.name, self.stopped_reason or "actor is stopped", 503)
         reply = asyncio.get_running_loop().create_future()
         await self.inbox.put((msg, reply))
         return await reply
@@ -148,4 +149,4 @@ class Actor:
     def _fail_pending(self) -> None:
         while not self.inbox.empty():
             _, reply = self.inbox.get_nowait()
-            self._reply_error(reply, ActorFailure(self.name, "actor stopped", 503))
+            self._reply_error(reply, ActorFailure(self.name, self.stopped_reason or "actor stopped", 503))

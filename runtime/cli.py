@@ -104,12 +104,30 @@ def cmd_serve(args) -> int:
     if rank > 0:  # a follower: rank 0's commands on this rank's part of the model, no server
         from actors.follower import follow
 
-        _exit(follow(config, model_dir))
+        _exit(as_rank(lambda: follow(config, model_dir)))
     from runtime.server import serve
     from runtime.system import System
 
-    asyncio.run(_serve(System, serve, config, model_dir))
-    _exit(0)
+    run = lambda: asyncio.run(_serve(System, serve, config, model_dir)) or 0  # noqa: E731
+    _exit(as_rank(run) if config.distributed.enabled else run())
+
+
+def as_rank(run) -> int:
+    """A distributed rank's part, after which the process exits at once whatever happened: its
+    owner thread may be blocked in a collective for good, and a normal exit would wait for it."""
+    try:
+        return run()
+    except ConfigError as e:
+        code, text = 2, f"metrale: {e}"
+    except BaseException:  # noqa: BLE001  (reported, then the exit)
+        import traceback
+
+        code, text = 1, traceback.format_exc()
+    try:
+        print(text, file=sys.stderr)
+    except OSError:  # the launcher that read stderr may be gone
+        pass
+    return code
 
 
 def _exit(code: int) -> None:

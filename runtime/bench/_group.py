@@ -60,6 +60,10 @@ class LaunchedGroup(ServedProcess):
         except urllib.error.HTTPError as e:  # 503: degraded or draining, still a health report
             return json.loads(e.read())
 
+    def _wait_ready(self) -> None:
+        super()._wait_ready()
+        self.started_pids = self.pids  # kept: a rank that ends up hung still gets killed at the end
+
     @property
     def pids(self) -> list[int]:
         return self.health()["distributed"]["pids"]
@@ -75,23 +79,28 @@ class LaunchedGroup(ServedProcess):
             return None
 
     def _stop(self, timeout: float = 60.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            pids = self.pids
-            os.kill(pids[0], signal.SIGTERM)
-        except (OSError, KeyError, ValueError):
-            pids = []
-        if self.wait_exit(timeout) is None:  # never leave ranks behind: kill them, then the launcher
-            for pid in pids:
-                _kill(pid)
+        pids = getattr(self, "started_pids", [])
+        if self.proc is not None and self.proc.poll() is None and pids:
+            _kill(pids[0], signal.SIGTERM)
+        if self.proc is not None and self.wait_exit(timeout) is None:
             self.proc.kill()
             self.proc.wait(timeout)
+        for pid in pids:  # never leave a rank behind (a killed launcher leaves them running)
+            if not wait_until(lambda: not self._is_rank(pid), 5):
+                _kill(pid)
+
+    def _is_rank(self, pid: int) -> bool:
+        """Whether pid is still one of this group's ranks (not a process that reused the id)."""
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return b"--distributed" in args and str(self.port).encode() in args
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
     except OSError:
         pass
 

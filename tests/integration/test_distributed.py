@@ -117,6 +117,16 @@ async def fault_while_streaming(group: LaunchedGroup, sig: int) -> list[list[dic
         return await asyncio.gather(*streams)
 
 
+def gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+async def late_request(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http, asyncio.timeout(10):
+        async with http.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}) as r:
+            return r.status, await r.text()
+
+
 def one_error_each(streams: list[list[dict]]) -> None:
     for events in streams:
         errors = [e for e in events if "error" in e]
@@ -125,15 +135,18 @@ def one_error_each(streams: list[list[dict]]) -> None:
 
 
 def test_a_follower_that_stops_answering_fails_requests_and_health_reports_it(batch_group):
+    pids = batch_group.pids
     try:
         one_error_each(asyncio.run(fault_while_streaming(batch_group, signal.SIGSTOP)))
         health = batch_group.health()
         assert health["status"] == "degraded" and "distributed group lost" in health["failure"]
         assert health["distributed"]["state"] == "lost"
+        status, text = asyncio.run(late_request(batch_group.url))  # refused at once, with the reason
+        assert status == 503 and "distributed group lost" in text
     finally:
         batch_group.signal_rank(1, signal.SIGKILL)
-    # mlx.launch stops rank 0 once a rank died: the whole group ends, nothing hangs
-    assert batch_group.wait_exit(60) is not None
+    # mlx.launch stops rank 0 once a rank died: the whole group ends, nothing hangs, nothing is left
+    assert batch_group.wait_exit(60) is not None and wait_until(lambda: gone(pids), 30)
 
 
 @pytest.fixture
@@ -145,9 +158,6 @@ def tiny_group(tmp_path):
                                 "--group-timeout-s", "3", "--drafter", "none"]) as group:
         yield group
 
-
-def gone(pids: list[int]) -> bool:
-    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 def test_a_killed_follower_fails_requests_in_flight_and_the_group_exits(tiny_group):
