@@ -259,9 +259,9 @@ class ModelOwner(Actor):
     def _propose(self, msg: Propose) -> Drafted:
         started = time.perf_counter()
         tokens, confidences = self.engine.propose(msg.seq_id, msg.k)
-        return Drafted(tokens=tuple(tokens), confidences=tuple(confidences),
-                       has_probs=self.engine.seqs[msg.seq_id].draft_probs is not None,
-                       seconds=time.perf_counter() - started)
+        state = self.engine.seqs[msg.seq_id]
+        return Drafted(tokens=tuple(tokens), confidences=tuple(confidences), has_probs=state.draft_probs is not None,
+                       seconds=time.perf_counter() - started, caught_up=state.caught_up)
 
     def _verify(self, msg: VerifyDrafts) -> Verified:
         started = time.perf_counter()
@@ -306,7 +306,7 @@ class ModelOwner(Actor):
         spine, confidences, alternatives = self.engine.propose_tree(msg.seq_id, msg.k, msg.top)
         return DraftedTree(tokens=tuple(spine), confidences=tuple(confidences),
                            alternatives=tuple(tuple((t, p) for t, p in alts) for alts in alternatives),
-                           seconds=time.perf_counter() - started)
+                           seconds=time.perf_counter() - started, caught_up=self.engine.seqs[msg.seq_id].caught_up)
 
     def _verify_tree(self, msg: VerifyTree) -> TreeVerified:
         from kernels.tree import DraftTree

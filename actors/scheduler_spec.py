@@ -60,7 +60,8 @@ class SpecStep:
                                    verify_j=self.meter.read().since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d and not d.forced),
                                    draft_ms=(drafted_at - started) * 1e3,
-                                   draft_j=drafted_energy.since(energy), tokens=tokens)
+                                   draft_j=drafted_energy.since(energy), tokens=tokens,
+                                   caught_up=max((d.caught_up for d in drafts if d and not d.forced), default=0))
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts and drafted.forced:
                 seq.spec.note_forced(len(row.drafts), wall)

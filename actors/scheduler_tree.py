@@ -27,6 +27,7 @@ from runtime.tree_plan import Candidate, TreePlanner
 class TreeExecutor:
     def __init__(self, scheduler, max_width: int):
         self.scheduler, self.planner = scheduler, TreePlanner(max_width)
+        self.caught_up = 0  # tokens the latest spine's draft first caught up on
         self.support = None  # the owner's Branching, asked before the first run
 
     # --- the width seam ----------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class TreeExecutor:
             await self.verify_tree(batch, choice, spine, confidences, kept, (started, energy), drafted, table)
             return True
         chain = s.allot(batch, [Drafted(tokens=spine, confidences=confidences, has_probs=False,
-                                        seconds=drafted[0] - started)])
+                                        seconds=drafted[0] - started, caught_up=self.caught_up)])
         verified = await s.verify_drafts(batch, choice, chain, started, energy)
         if verified is not None:
             verify_ms, ((n, accepted),) = verified
@@ -103,6 +104,7 @@ class TreeExecutor:
         s = self.scheduler
         top = self.planner.max_width - 1
         history = seq.prompt_ids + tuple(seq.output_ids)
+        self.caught_up = 0
         if s.policy.drafter == "ngram":
             lookup = propose_ngram_branches(history, k, width=top + 1)
             if not lookup:
@@ -110,7 +112,7 @@ class TreeExecutor:
             spine, confidences, candidates, lookup = tuple(lookup[0]), (), [], lookup[1:]
         else:
             drafted = await s.owner.ask(ProposeTree(seq_id=seq.request_id, k=k, top=top))
-            spine, confidences = drafted.tokens, drafted.confidences
+            spine, confidences, self.caught_up = drafted.tokens, drafted.confidences, drafted.caught_up
             candidates = [Candidate(depth=j, tokens=(token,), prob=prob)
                           for j, alternatives in enumerate(drafted.alternatives, start=1) for token, prob in alternatives]
             lookup = propose_ngram_branches(history, k, width=top)
@@ -138,7 +140,8 @@ class TreeExecutor:
         s.policy.controller.record_spec(choice, batch, verify_depth=depth, verify_ms=(ended - drafted[0]) * 1e3,
                                         verify_j=energy.since(drafted[1]), draft_width=1,
                                         draft_ms=(drafted[0] - started[0]) * 1e3,
-                                        draft_j=drafted[1].since(started[1]), tokens=len(got.emitted))
+                                        draft_j=drafted[1].since(started[1]), tokens=len(got.emitted),
+                                        caught_up=self.caught_up)
         s.policy.controller.record_outcome(seq, depth, got.accepted)
         seq.spec.note_verify(depth, got.accepted, wall, confidences)
         gate = s.mode.gate

@@ -3,8 +3,9 @@
 Both keep their own KV cache in step with the target's committed tokens. The engine calls:
 fed(state, tokens, hidden) for every plain or prefill forward of the target (hidden: the features
 kernels/features.body gives for the drafter's `feature_layers`); undo_feed(state) when a
-lookahead step is dropped; propose(state, k) -> (ids, confidences, q or None); verified(state, hidden)
-after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
+lookahead step is dropped; behind(state) -> how many tokens fed that way the next propose must catch
+up on (0 in a run of speculative steps); propose(state, k) -> (ids, confidences, q or None);
+verified(state, hidden) after a verify forward; commit(state, drafted, accepted, emitted) after acceptance. The MTP head
 also drafts trees: propose_tree(state, k, top) -> (spine, confidences, top candidates per depth).
 For the prompt cache (kernels/prompt_store.py): snapshot(state, n) -> the state for the first n
 committed tokens, owned; restore(state, snapshot, tokens, m) -> a new sequence's state for the
@@ -53,32 +54,37 @@ class MtpDrafter:
     def _own(self, state) -> dict:
         if not state.drafter:
             state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], pending=0, unpaired=None,
-                                 undo=None, log=[])
+                                 undo=None, log=[], behind=0)
         return state.drafter
 
     def fed(self, state, tokens: mx.array, hidden: mx.array) -> None:
         d = self._own(state)
         if d["pending"] >= _ABSORB_AFTER:  # only pairs fed before: this feed stays undoable
             self._absorb(d)
-        d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"], len(d["log"]))
+        d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"], len(d["log"]), d["behind"])
         if d["unpaired"] is not None:
             self._add(d, d["unpaired"][None], tokens[:1])
         if tokens.shape[0] > 1:
             self._add(d, hidden[:-1], tokens[1:])
         d["unpaired"] = hidden[-1]
+        d["behind"] += tokens.shape[0]
 
     def undo_feed(self, state) -> None:
         d = self._own(state)
         if d["undo"] is not None:
-            count, d["pending"], d["unpaired"], logged = d["undo"]
+            count, d["pending"], d["unpaired"], logged, d["behind"] = d["undo"]
             del d["hidden"][count:], d["tokens"][count:], d["log"][logged:]
             d["undo"] = None
+
+    def behind(self, state) -> int:
+        return self._own(state)["behind"]
 
     def propose(self, state, k: int):
         d = self._own(state)
         self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
         h, t = self._take_pairs(d)
         d["unpaired"] = d["undo"] = None
+        d["behind"] = 0
         key = state.next_key() if state.temperature > 0 else None
         out = self.head.draft(h, t, k, self.embed, self.norm, self.lm_head, d["cache"],
                               temperature=state.temperature, top_p=state.top_p, key=key)
@@ -91,6 +97,7 @@ class MtpDrafter:
         self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
         h, t = self._take_pairs(d)
         d["unpaired"] = d["undo"] = None
+        d["behind"] = 0
         head, cache = self.head, d["cache"]
         x = head.forward(h.reshape(1, -1, h.shape[-1]), t.astype(mx.int32).reshape(1, -1), self.embed, self.norm,
                          cache)[:, -1:, :]
@@ -153,7 +160,7 @@ class MtpDrafter:
         if m - 1 > kept:
             self._add(d, snap.hidden[kept:m - 1], mx.array(tokens[kept + 1:m], dtype=mx.uint32))
         d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
-        d["unpaired"], d["undo"] = snap.hidden[m - 1], None
+        d["unpaired"], d["undo"], d["behind"] = snap.hidden[m - 1], None, m - kept
 
     def clone(self, source, twin) -> None:
         d = dict(self._own(source))
@@ -263,6 +270,9 @@ class DraftModelDrafter:
         if d["unfed"] and d["fed_last"]:
             d["unfed"].pop()
             d["fed_last"] = 0
+
+    def behind(self, state) -> int:
+        return sum(t.shape[0] for t in self._own(state)["unfed"])
 
     def propose(self, state, k: int):
         d = self._own(state)

@@ -39,6 +39,7 @@ class SeqState:
     proc: Processor | None = None  # penalties and log-probabilities asked for; None: neither
     step_logits: mx.array | None = None  # the processed logits of the latest plain step (log-probabilities)
     pending_logits: mx.array | None = None  # ... of the lookahead step in flight
+    caught_up: int = 0  # tokens the latest propose caught up on (fed by plain steps or prefill since the one before)
 
     def next_key(self) -> mx.array:
         self.key, sub = mx.random.split(self.key)
@@ -233,6 +234,7 @@ class Engine:
         if not state.drafts:
             raise ValueError(f"sequence {seq_id} was prefilled as one that never drafts (disable_mtp)")
         self.settle(state)
+        state.caught_up = self.drafter.behind(state)
         ids, confidences, state.draft_probs = self.drafter.propose(state, k)
         return ids, confidences
 
@@ -244,6 +246,7 @@ class Engine:
             raise ValueError(f"sequence {seq_id} cannot draft a tree with this drafter")
         self.settle(state)
         state.draft_probs = None  # tree drafts are deterministic
+        state.caught_up = self.drafter.behind(state)
         return self.drafter.propose_tree(state, k, top)
 
     def verify_tree(self, seq_id: str, tree, layout: str = "mask"):

@@ -36,6 +36,11 @@ class Learning:
     calibration: object | None = None  # a runtime.self_calibration.SelfCalibration
 
 
+# A draft that first catches up on more tokens than this (fed by plain steps or the prompt since the
+# drafter's last draft: the head absorbs them all in that forward) is a transition, not a draft's
+# cost: counted, it priced every draft several times dearer than a run of them costs, so requests
+# that would have paid at depth 1 decoded plainly.
+CATCH_UP_FREE = 2
 EXPLORE_BURST = 4  # an exploration runs this many steps: one cold plain step after it is shared by 4
 CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
 
@@ -52,6 +57,7 @@ class StepCost:
     draft_depth: int = 0
     draft_ms: float = 0.0
     draft_j: float = 0.0
+    caught_up: int = 0  # the most tokens one of its drafts first caught up on
 
 
 @dataclass
@@ -134,6 +140,7 @@ class OnlineController:
         self.cold_next = False  # the next plain step follows a speculative one with no lookahead in flight
         self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
+        self.catch_ups = 0  # drafts not counted as the draft cell's cost: they caught up first
 
     # --- requests --------------------------------------------------------------------------------
     def control(self, seq) -> RequestControl:
@@ -220,8 +227,10 @@ class OnlineController:
         if cost is None:
             return
         extra_ms, extra_j = (gap_ms, gap_j) if gap_ms is not None and gap_ms >= 0 else (0.0, 0.0)
-        if cost.draft_width:
+        if cost.draft_width and cost.caught_up <= CATCH_UP_FREE:
             self.costs.observe("draft", cost.draft_width, cost.draft_depth, cost.draft_ms, cost.draft_j)
+        elif cost.draft_width:
+            self.catch_ups += 1
         self.costs.observe("verify", cost.width, cost.depth, cost.verify_ms + extra_ms, cost.verify_j + extra_j)
 
     def ahead_started(self) -> None:
@@ -229,11 +238,12 @@ class OnlineController:
         self.cold_next = False
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
-                    draft_width: int, draft_ms: float, draft_j: float, tokens: int) -> None:
-        """A speculative step's costs (draft and verify apart) and its wall time in the budget."""
+                    draft_width: int, draft_ms: float, draft_j: float, tokens: int, caught_up: int = 0) -> None:
+        """A speculative step's costs (draft and verify apart) and its wall time in the budget;
+        caught_up: the most tokens one of its drafts first caught up on."""
         n = len(batch)
         self.unobserved = StepCost(n, verify_depth, verify_ms, verify_j, draft_width, max(plan.depths), draft_ms,
-                                   draft_j)
+                                   draft_j, caught_up)
         if plan.exploring:
             plain = self.costs.table().step_cost(n, 0).ms
             self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
@@ -268,7 +278,8 @@ class OnlineController:
         return view.objective, ctl.phase.value, view.mean, view.upper
 
     def snapshot(self, active=()) -> dict:
-        return {"cost_model": self.costs.snapshot(), "phase_acceptance": self.priors.snapshot(),
+        return {"cost_model": self.costs.snapshot() | {"drafts_catching_up": self.catch_ups},
+                "phase_acceptance": self.priors.snapshot(),
                 "phase_speculates": {p.value: s for p, s in self.phase_speculates.items()},
                 "exploration": self.budget.snapshot(), "conversations": len(self.conversations),
                 "requests": [self.describe_request(s) for s in active]}

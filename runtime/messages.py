@@ -273,6 +273,7 @@ class Drafted(_Msg, frozen=True):
     has_probs: bool  # the drafter sampled from a distribution q that verification must use
     seconds: float
     forced: bool = False  # the grammar's forced tokens, not a drafter's guess (kept out of its statistics)
+    caught_up: int = 0  # tokens the drafter first caught up on (fed by plain steps or a prefill since its last draft)
 
 
 class DraftMany(_Msg, frozen=True):
@@ -349,6 +350,7 @@ class DraftedTree(_Msg, frozen=True):
     confidences: tuple[float, ...]
     alternatives: tuple[tuple[tuple[int, float], ...], ...]  # per depth: (token, probability), best first
     seconds: float
+    caught_up: int = 0  # as Drafted's
 
 
 class VerifyTree(_Msg, frozen=True):

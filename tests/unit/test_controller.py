@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import structlog
 
 from runtime.content_phase import Phase
-from runtime.controller import EXPLORE_BURST, OnlineController
+from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController
 from runtime.cost_prior import load_prior, save_learned
 from runtime.cost_table import load_table
 from runtime.eligibility import ThinkProgress
@@ -162,3 +162,21 @@ def test_a_step_costs_what_it_takes_from_one_start_to_the_next():
     fresh.record_spec(plan, [s], **spec)
     fresh.step_starting(30.0, 0.6)
     assert fresh.costs.cost("verify", 1, max(plan.depths)).ms > alone * 1.05
+
+
+def test_a_draft_that_catches_up_first_is_not_the_draft_cells_cost():
+    """The first draft after plain steps (or the prompt) absorbs what they fed in the same forward:
+    it is a transition. The draft cell learns from drafts in a run of speculative steps only."""
+    ctl = controller(by_depth=(0.9, 0.9, 0.9))
+    s = seq()
+    plan = ctl.plan([s], [True])
+    depth = max(plan.depths)
+    before = ctl.costs.cost("draft", 1, depth).ms
+    spec = dict(verify_depth=depth, verify_ms=90.0, verify_j=1.8, draft_width=1, draft_ms=before * 6,
+                draft_j=0.3, tokens=2)
+    ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE + 40)
+    ctl.step_starting(0.0)
+    assert ctl.costs.cost("draft", 1, depth).ms == before and ctl.catch_ups == 1
+    ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE)
+    ctl.step_starting(0.0)
+    assert ctl.costs.cost("draft", 1, depth).ms > before * 1.5

@@ -155,6 +155,31 @@ def test_plain_decode_leaves_the_head_untouched_until_it_drafts():
     assert d["cache"][0].offset == len(PROMPTS[2]) + 12 and d["pending"] == 0
 
 
+@pytest.mark.parametrize("kind", ["draft-model", "mtp"])
+def test_each_draft_says_what_it_first_caught_up_on(kind):
+    """A draft after the prompt or plain steps catches up on every token they fed (the controller
+    keeps its cost out of the draft cell); a dropped lookahead is not among them; a draft in a run
+    of speculative steps catches up on at most the one token a fully accepted draft model missed."""
+    engine = make_engine(kind, tiny_llama(seed=4))
+    prompt = PROMPTS[2]
+    engine.prefill("s", prompt, 0.0, 1.0, None, True)
+    for _ in range(5):
+        engine.decode(["s"], [True])  # the last one leaves a lookahead in flight: propose drops it
+    state = engine.seqs["s"]
+    drafts = engine.propose("s", 2)[0]
+    assert state.caught_up == len(prompt) + 5
+    for _ in range(3):
+        accepted, emitted = engine.verify("s", drafts, False)
+        engine.rollback("s", len(drafts), accepted, emitted)
+        drafts = engine.propose("s", 2)[0]
+        assert state.caught_up <= (1 if kind == "draft-model" else 0)
+    accepted, emitted = engine.verify("s", drafts, False)
+    engine.rollback("s", len(drafts), accepted, emitted)
+    engine.decode(["s"], [False])
+    engine.propose("s", 2)
+    assert state.caught_up in ((1, 2) if kind == "draft-model" else (1,))
+
+
 @pytest.mark.parametrize("kind", ["ngram", "draft-model", "mtp", "mtp-fused"])
 def test_batched_rows_equal_each_sequence_alone(kind):
     """Sequences of different lengths step together, some plain and some with drafts of different
