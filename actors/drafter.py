@@ -13,7 +13,8 @@ from typing import assert_never
 
 from kernels.ngram import propose_ngram
 from runtime.actor import Actor
-from runtime.messages import Draft, Drafted, DraftMany, Propose, ProposeMany, Sample
+from runtime.messages import Sample
+from runtime.owner_messages import Draft, Drafted, DraftMany, Propose, ProposeMany
 
 
 class Drafter(Actor):

@@ -22,7 +22,7 @@ import structlog
 
 from actors.model_owner import ModelOwner
 from runtime.config import Config
-from runtime.messages import Heartbeat, StopFollowers
+from runtime.owner_messages import Heartbeat, StopFollowers
 
 
 def follow(config: Config, model_dir: Path) -> int:

@@ -27,7 +27,8 @@ import msgspec
 from actors.follower import silence
 from actors.model_owner import ModelOwner
 from runtime.config import DistributedConfig
-from runtime.messages import Describe, Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
+from runtime.messages import Describe
+from runtime.owner_messages import Heartbeat, OwnerCommand, Prefill, PrefillChunk, StopFollowers
 
 
 class GroupOwner(ModelOwner):

@@ -21,11 +21,12 @@ from typing import Any, assert_never
 from runtime.actor import Actor
 from runtime.config import SpecConfig
 from runtime.prompt_cache import cache_scope
-from runtime.messages import (
-    Branching, CanBranch, Decode, Describe, FailInFlight, Sample, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
-    PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback, StartAhead,
-    TimeCell, TokenLogprob, OwnerCommand,
-    TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts, VerifyTree,
+from runtime.messages import Describe, FailInFlight, Sample, TokenLogprob
+from runtime.owner_messages import (
+    Branching, CanBranch, Decode, Decoded, Drafted, DraftedTree, ModelInfo, Prefill, PrefillChunk, Prefilled,
+    PrefillProgress, Propose, ProposeMany, ProposeTree, CellTimed, Quantization, Release, Rollback,
+    StartAhead, TimeCell, OwnerCommand, TreeVerified, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts,
+    VerifyTree,
 )
 
 

@@ -21,9 +21,10 @@ from actors.scheduler_spec import SpecStep
 from runtime.actor import Actor
 from runtime.gate import GateStep
 from runtime.messages import (
-    ActorFailure, Admitted, Cancel, Cancelled, Decode, Describe, Failed, FailInFlight, Finished, Prefill,
-    PrefillChunk, Prefilled, Release, Sample, TokensEmitted,
+    ActorFailure, Admitted, Cancel, Cancelled, Describe, Failed, FailInFlight, Finished, Sample,
+    TokensEmitted,
 )
+from runtime.owner_messages import Decode, Prefill, PrefillChunk, Prefilled, Release
 from runtime.controller import Learning
 from runtime.decisions import consult
 from runtime.modes import SchedulerMode

@@ -11,7 +11,8 @@ serial mode's (prefill, then the same decode step), so width 1 emits the serial 
 
 from __future__ import annotations
 
-from runtime.messages import ActorFailure, Branching, CanBranch
+from runtime.messages import ActorFailure
+from runtime.owner_messages import Branching, CanBranch
 from runtime.sequence import Sequence, Status
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from runtime.messages import ActorFailure, TimeCell
+from runtime.messages import ActorFailure
+from runtime.owner_messages import TimeCell
 from runtime.self_calibration import SELF_CALIBRATED
 
 PERSIST_EVERY_S = 60.0  # the learned cost table is saved this often while serving, and at shutdown

@@ -11,9 +11,8 @@ import time
 import msgspec
 
 from runtime.decisions import step_trace
-from runtime.messages import (
-    ActorFailure, Draft, Drafted, DraftMany, Sample, StartAhead, VerifyBatch, VerifyDrafts,
-)
+from runtime.messages import ActorFailure, Sample
+from runtime.owner_messages import Draft, Drafted, DraftMany, StartAhead, VerifyBatch, VerifyDrafts
 from runtime.gate import GateStep
 from runtime.sequence import Sequence
 from runtime.speculation import StepChoice

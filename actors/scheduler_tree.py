@@ -19,7 +19,8 @@ import time
 from kernels.ngram_tree import propose_ngram_branches
 from kernels.tree import trie
 from runtime.hyper import HyperCohortPlan, HyperRequestMeta
-from runtime.messages import ActorFailure, Drafted, ProposeTree, Sample, VerifyTree
+from runtime.messages import ActorFailure, Sample
+from runtime.owner_messages import Drafted, ProposeTree, VerifyTree
 from runtime.plan import expected_tokens
 from runtime.tree_plan import Candidate, TreePlanner
 

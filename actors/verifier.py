@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import assert_never
 
 from runtime.actor import Actor
-from runtime.messages import Rollback, Sample, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts
+from runtime.messages import Sample
+from runtime.owner_messages import Rollback, Verified, VerifiedBatch, VerifyBatch, VerifyDrafts
 
 
 class Verifier(Actor):

@@ -18,7 +18,7 @@ import mlx.core as mx
 import msgspec
 import numpy as np
 
-from runtime.messages import GroupCommand
+from runtime.owner_messages import GroupCommand
 
 INLINE = 1024  # payload bytes carried by the header itself: a decode or verify command fits
 _encoder = msgspec.msgpack.Encoder()

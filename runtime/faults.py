@@ -8,7 +8,7 @@ that step's requests with a 500 naming it and the server goes on (the supervisio
 from __future__ import annotations
 
 from actors.model_owner import ModelOwner
-from runtime.messages import Decode, VerifyBatch, VerifyDrafts, VerifyTree
+from runtime.owner_messages import Decode, VerifyBatch, VerifyDrafts, VerifyTree
 
 STEPS = (Decode, VerifyDrafts, VerifyBatch, VerifyTree)  # one of each is one step of the model
 INJECTED = "injected fault"  # in the error every client of the failed step gets

@@ -25,7 +25,8 @@ from runtime.eligibility import ThinkMarkers
 from runtime.controller import Learning
 from runtime.drain import Drain
 from runtime.energy import open_meter
-from runtime.messages import ActorFailure, Describe, FailInFlight, FailOpen, ModelInfo
+from runtime.messages import ActorFailure, Describe, FailInFlight, FailOpen
+from runtime.owner_messages import ModelInfo
 from runtime.modes import make_mode
 from runtime.prefill_budget import PrefillBudget
 from runtime.speculation import SpeculationPolicy

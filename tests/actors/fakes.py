@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from runtime.actor import Actor
-from runtime.messages import Decode, Decoded, Prefill, PrefillChunk, Prefilled, PrefillProgress, Release
+from runtime.owner_messages import Decode, Decoded, Prefill, PrefillChunk, Prefilled, PrefillProgress, Release
 
 EOS = 0
 
@@ -129,7 +129,7 @@ class ScriptedSpecOwner(ScriptedOwner):
         self.started_ahead: list[tuple[str, ...]] = []
 
     def _verify(self, msg):
-        from runtime.messages import Verified
+        from runtime.owner_messages import Verified
 
         i = self.positions[msg.seq_id]
         truth = self.scripts[msg.seq_id][i:i + len(msg.drafts) + 1]
@@ -141,7 +141,7 @@ class ScriptedSpecOwner(ScriptedOwner):
         return Verified(accepted=n, emitted=tuple(truth[:n + 1]), seconds=0.001)
 
     async def handle(self, msg):
-        from runtime.messages import Rollback, StartAhead, VerifiedBatch, VerifyBatch, VerifyDrafts
+        from runtime.owner_messages import Rollback, StartAhead, VerifiedBatch, VerifyBatch, VerifyDrafts
 
         match msg:
             case VerifyDrafts():

@@ -141,7 +141,8 @@ async def test_a_failed_owner_tell_fails_its_sequences_through_the_scheduler():
     from pathlib import Path
 
     from actors.model_owner import ModelOwner
-    from runtime.messages import FailInFlight, Rollback
+    from runtime.messages import FailInFlight
+    from runtime.owner_messages import Rollback
 
     class Broken:
         def rollback(self, *args):

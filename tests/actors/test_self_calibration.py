@@ -5,7 +5,8 @@ import asyncio
 from actors.scheduler import Scheduler
 from runtime.controller import Learning, OnlineController
 from runtime.cost_table import TableMeta
-from runtime.messages import Admitted, CellTimed, Finished, SamplingParams, TimeCell
+from runtime.messages import Admitted, Finished, SamplingParams
+from runtime.owner_messages import CellTimed, TimeCell
 from runtime.modes import SerialMode
 from runtime.online_cost import OnlineCostModel
 from runtime.self_calibration import SELF_CALIBRATED, SelfCalibration

@@ -54,7 +54,7 @@ async def test_disable_mtp_keeps_the_request_on_plain_decode():
 async def test_a_failing_verification_fails_only_that_request():
     class Broken(ScriptedSpecOwner):
         async def handle(self, msg):
-            from runtime.messages import VerifyDrafts
+            from runtime.owner_messages import VerifyDrafts
 
             if isinstance(msg, VerifyDrafts):
                 raise RuntimeError("verify exploded")

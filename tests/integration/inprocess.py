@@ -14,7 +14,7 @@ from aiohttp import web
 
 from actors.model_owner import ModelOwner
 from runtime.config import Config, override
-from runtime.messages import Decoded
+from runtime.owner_messages import Decoded
 from runtime.server import make_runner
 from runtime.system import System
 

@@ -10,7 +10,8 @@ from actors.group_owner import with_seeds
 from kernels.group import INLINE, Channel, digest, error_digest
 from kernels.sharding import ShardingError, shard, split, tensor_problem
 from runtime.config import Config, ConfigError, override
-from runtime.messages import Decode, Decoded, Heartbeat, Prefill, PrefillChunk, SamplingParams, Verified
+from runtime.messages import SamplingParams
+from runtime.owner_messages import Decode, Decoded, Heartbeat, Prefill, PrefillChunk, Verified
 from tests.tiny import tiny_llama
 
 
