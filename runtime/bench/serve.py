@@ -13,8 +13,10 @@ within seconds of each other. Runs:
 - foreign: the same, with `--machine-id` set to another machine, so the shipped calibration table
   does not count as measured here (what a user on a new machine gets). Skipped, with a note, where
   `metrale serve` has no --machine-id.
-- K=k: `--mtp-gate force --spec-cost-model off --num-draft-tokens k`; speculative requests only,
-  compared against the served run's plain request of the same prompt (same round).
+- K=k: `--mtp-gate force --spec-cost-model off --num-draft-tokens k`, each prompt also sent once with
+  and once without speculation. Every run is compared with its own server's plain requests: two
+  servers of identical settings ran 1-4% apart in tok/s here (where each process's memory landed),
+  which is as large as the differences between depths this compares.
 With --clients C, prompts go in groups of C concurrent requests (all speculative, then all plain,
 the order alternating per group) and timings are the group's wall time.
 
@@ -24,8 +26,8 @@ consecutive prompts (groups covering about 5 at --clients > 1): how bad a stretc
 `spec_steps` is the share of decode steps that speculated (verify / (verify + plain) from each
 response's `usage.speculation` receipt); `acc1..acc4` are accepted / drafted tokens at draft
 positions 1..4; `identical` counts outputs byte-identical to plain decode (greedy must give all).
-Then per set the best fixed K (highest tok/s) and served tok/s over it: near 1.0 means the gate
-and planner found the best depth on their own. Last line: served_speedup_chat=R
+Then per set the best fixed K (highest speedup) and the served speedup over it: near 1.0 means the
+controller found the best depth on its own. Last line: served_speedup_chat=R
 served_speedup_code=R served_vs_best_fixed_min=R [foreign_speedup_chat=R foreign_speedup_code=R]
 identical=0|1 (1 only if every compared output of every run matched plain). --plot FILE.png draws
 each run's per-prompt speedup along each set and its tok/s.
@@ -57,19 +59,12 @@ def main(argv: list[str]) -> int:
 
     sets = {name: prompt_set(name, args.prompts) for name in args.sets.split(",") if name}
     model_dir = ensure_default_model()
-    paired = with_served_plain(measure(model_dir, plan(args), sets, args))
+    paired = measure(model_dir, plan(args), sets, args)
     text = report(paired, sets, args.clients)
     print(text)
     if args.plot:
         plot(*curves(paired, sets), text.splitlines()[-1], args.plot)
     return 0
-
-
-def with_served_plain(results: dict[str, dict]) -> dict[str, dict]:
-    """Fixed-K runs sent no plain requests: pair each of their groups with the served run's plain one."""
-    served = results["served"]
-    return {name: {s: [(spec, p if p is not None else served[s][i][1]) for i, (spec, p) in enumerate(pairs)]
-                   for s, pairs in runs.items()} for name, runs in results.items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,39 +84,39 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan(args) -> list[tuple[str, list[str], bool]]:
-    """(run name, server flags, whether it sends plain requests too), in the order they run."""
+def plan(args) -> list[tuple[str, list[str]]]:
+    """(run name, server flags), in the order they run."""
     from runtime.bench._served import serve_accepts
 
     common = ["--scheduler-mode", args.scheduler_mode] if args.scheduler_mode else []
     tail = shlex.split(args.extra_serve_args)
-    runs = [("served", common + tail, True)]
+    runs = [("served", common + tail)]
     if not args.skip_foreign:
         if serve_accepts("--machine-id"):
-            runs.append(("foreign", common + ["--machine-id", FOREIGN_MACHINE] + tail, True))
+            runs.append(("foreign", common + ["--machine-id", FOREIGN_MACHINE] + tail))
         else:
             print("note: `metrale serve --help` lists no --machine-id; the foreign run is skipped")
     for k in [int(k) for k in args.fixed_k.split(",") if k.strip()]:
         fixed = ["--mtp-gate", "force", "--spec-cost-model", "off", "--num-draft-tokens", str(k)]
-        runs.append((f"K={k}", common + fixed + tail, False))
+        runs.append((f"K={k}", common + fixed + tail))
     return runs
 
 
-def measure(model_dir, runs: list[tuple[str, list[str], bool]], sets: dict[str, list[str]], args) -> dict:
-    """Every run's server at once; per set, for each run, a (speculative, plain or None) pair of
-    batches per prompt group, the legs of one group sent back to back in a rotated order."""
+def measure(model_dir, runs: list[tuple[str, list[str]]], sets: dict[str, list[str]], args) -> dict:
+    """Every run's server at once; per set, for each run, a (speculative, plain) pair of batches per
+    prompt group, the legs of one group sent back to back in a rotated order."""
     from runtime.bench._served import ServedProcess, openai_client, warm_up
 
     with ExitStack() as stack, ThreadPoolExecutor(args.clients) as pool:
         clients, legs = {}, []
-        for name, extra, plain in runs:
+        for name, extra in runs:
             server = stack.enter_context(ServedProcess(model_dir, extra))
             print(f"{name}: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
             clients[name] = (server.url, openai_client(server.url))
-            warm_up(clients[name][1], args.max_tokens, plain_too=plain)
-            legs += [(name, False)] + ([(name, True)] if plain else [])  # (run, disable_mtp)
+            warm_up(clients[name][1], args.max_tokens, plain_too=True)
+            legs += [(name, False), (name, True)]  # (run, disable_mtp)
         rounds = {s: drive(pool, clients, legs, texts, args, offset=i * 7) for i, (s, texts) in enumerate(sets.items())}
-        result = {name: {s: [(got[name, False], got.get((name, True))) for got in rounds[s]] for s in sets}
+        result = {name: {s: [(got[name, False], got[name, True]) for got in rounds[s]] for s in sets}
                   for name in clients}
         for name, (url, _) in clients.items():
             print(f"{name}: {controller_summary(url)}", flush=True)
@@ -219,10 +214,10 @@ def report(results: dict[str, dict], sets: dict[str, list[str]], clients: int) -
         identical &= all(r.same == r.compared for r in by_run.values())
         fixed = {n: r for n, r in by_run.items() if n.startswith("K=")}
         if fixed:
-            best = max(fixed, key=lambda n: fixed[n].tok_s)
-            vs_fixed.append(by_run["served"].tok_s / fixed[best].tok_s)
-            lines.append(f"{set_name}: best fixed {best} at {fixed[best].tok_s:.2f} tok/s; served "
-                         f"{by_run['served'].tok_s:.2f} tok/s = {vs_fixed[-1]:.3f}x best fixed")
+            best = max(fixed, key=lambda n: fixed[n].speedup)
+            vs_fixed.append(by_run["served"].speedup / fixed[best].speedup)
+            lines.append(f"{set_name}: best fixed {best} at {fixed[best].speedup:.3f}x its plain decode; served "
+                         f"{by_run['served'].speedup:.3f}x = {vs_fixed[-1]:.3f}x best fixed")
     lines.append(summary(served, foreign, vs_fixed, identical))
     return "\n".join(lines)
 
@@ -261,8 +256,8 @@ def curves(results: dict[str, dict], sets) -> tuple[dict, dict]:
 
 def plot(speedup: dict[str, dict[str, list[float]]], tok_s: dict[str, dict[str, tuple[float, float]]],
          last: str, path: str) -> None:
-    """One row per set: each run's per-prompt speedup along the set (left) and its tok/s beside the
-    plain requests it is compared with (right; a fixed-K run's are the served run's)."""
+    """One row per set: each run's per-prompt speedup along the set (left) and its tok/s beside its
+    own server's plain requests (right)."""
     fig, axes = _plot.figure("metrale bench serve", "bench serve: speculation against disable_mtp, as served",
                              rows=len(speedup), cols=2, size=(12, 3.8 * len(speedup) + 0.6))
     for (left, right), set_name in zip(axes, speedup):
