@@ -31,6 +31,9 @@ SPREAD_FLOOR = 0.02  # log units (2%): a tight cell still lets a real change thr
 SPREAD_START = 0.25  # the spread assumed before any residual is seen
 SHRINK = 8.0  # pseudo-observations of a level's parent: a cell leans on its width until it has ~8 own
 Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cell's cost
+# The planner's tables are rebuilt after this many observations, not after each: a rebuild prices
+# every cell (0.7 ms of the actors' time a step at width 4), and one step moves a cell by ~1/64.
+REBUILD_EVERY = 8
 
 
 class RobustEstimate(msgspec.Struct, kw_only=True):
@@ -69,6 +72,7 @@ class OnlineCostModel:
         self._levels: dict[tuple, RobustEstimate] = {}
         self._table: CostTable | None = None
         self._optimistic: CostTable | None = None
+        self._unpriced = 0  # observations since the tables were built
         self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
@@ -83,7 +87,9 @@ class OnlineCostModel:
             for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
                 self._levels.setdefault(key, RobustEstimate()).update(x)
         self.observations += 1
-        self._table = self._optimistic = None
+        self._unpriced += 1
+        if self._unpriced >= REBUILD_EVERY or self.observations <= REBUILD_EVERY:  # the first ones move cells most
+            self._table = self._optimistic = None
 
     def ratio(self, kind: Kind, unit: str, width: int, depth: int) -> float:
         """Measured over prior cost at this cell (1.0 before anything is measured)."""
@@ -99,6 +105,7 @@ class OnlineCostModel:
     def table(self) -> CostTable:
         """The corrected table the planner reads: the prior's grid plus every width served."""
         if self._table is None:
+            self._unpriced = 0
             widths = sorted(set(self.prior.widths) | {k[2] for k in self._levels if len(k) >= 3})
             depths = self.prior.depths
             grid = {kind: tuple(tuple(self._cell(kind, n, k) for k in depths) for n in widths)
@@ -129,7 +136,8 @@ class OnlineCostModel:
         return Cost(ms=cost.ms * factor, joules=cost.joules * factor)
 
     def learned_table(self, meta: TableMeta) -> CostTable:
-        """The corrected table under new metadata: what is saved for the next start."""
+        """The corrected table under new metadata, with every observation in: what is saved for the next start."""
+        self._table = self._optimistic = None
         return msgspec.structs.replace(self.table(), meta=meta)
 
     def _cell(self, kind: Kind, n: int, k: int) -> Cost:

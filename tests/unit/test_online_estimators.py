@@ -184,3 +184,27 @@ def test_losing_explorations_earn_less_and_one_that_pays_restores_the_share(miss
     assert budget.rate == 0.01 / 2 ** min(misses // 4, 6) and budget.rate >= 0.01 / 64
     budget.note_explored(100.0, 80.0, 2.0)  # two tokens: it paid
     assert budget.rate == 0.01
+
+
+def test_the_planners_table_follows_observations_every_few_steps_and_the_saved_one_all():
+    """Rebuilding every cell after each step cost the actors 0.7 ms a step; the tables are rebuilt
+    every REBUILD_EVERY observations (each after the first few), and what is saved has them all."""
+    from runtime.online_cost import REBUILD_EVERY
+
+    costs = OnlineCostModel(prior_table(), "test")
+    for _ in range(REBUILD_EVERY):
+        costs.observe("verify", 1, 0, 40.0, 0.8)
+    built = costs.table().verify_cost(1, 0).ms
+    assert math.isclose(built, costs.cost("verify", 1, 0).ms)
+    costs.observe("verify", 1, 0, 400.0, 8.0)
+    assert costs.table().verify_cost(1, 0).ms == built  # not yet rebuilt
+    latest = costs.cost("verify", 1, 0).ms
+    assert latest != built and math.isclose(costs.learned_table(costs.prior.meta).verify_cost(1, 0).ms, latest)
+    costs = OnlineCostModel(prior_table(), "test")
+    for _ in range(REBUILD_EVERY):
+        costs.observe("verify", 1, 0, 40.0, 0.8)
+    built = costs.table().verify_cost(1, 0).ms
+    for _ in range(REBUILD_EVERY):
+        costs.observe("verify", 1, 0, 400.0, 8.0)
+    assert math.isclose(costs.table().verify_cost(1, 0).ms, costs.cost("verify", 1, 0).ms)
+    assert costs.table().verify_cost(1, 0).ms != built
