@@ -35,6 +35,8 @@ Objective = Literal["latency", "energy", "balanced"]
 Identifier = Annotated[str, Meta(max_length=MAX_ID_CHARS)]
 Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
+# logit_bias keys: a token id in decimal, as OpenAI's clients send it (the document says so, and decoding checks it)
+TokenIdKey = Annotated[str, Meta(pattern="^[0-9]{1,9}$")]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
@@ -86,7 +88,7 @@ class _Params(_Wire, frozen=True, kw_only=True):
     # extra: vLLM's, over prompt and output; from 0.1 so no logit grows past 10x (a subnormal one made inf)
     repetition_penalty: Annotated[float, Meta(ge=0.1, le=10)] | None = None
     stream_pacing: bool | None = None  # extra: spread speculation's bursts evenly (unset: the server's default)
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id -> bias (OpenAI's range)
+    logit_bias: dict[TokenIdKey, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id -> bias (OpenAI's range)
 
 
 class _OpenAI(_Params, frozen=True, kw_only=True):
@@ -261,7 +263,7 @@ def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's {"token id": bias} as sorted (id, bias) pairs; ids past the vocabulary are admission's 400."""
     pairs = []
     for key, value in (bias or {}).items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             raise ProtocolError(f"logit_bias keys are token ids (non-negative integers as strings), not {key!r}",
                                 "logit_bias")
         if value:
