@@ -81,10 +81,7 @@ class MtpDrafter:
 
     def propose(self, state, k: int):
         d = self._own(state)
-        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
-        h, t = self._take_pairs(d)
-        d["unpaired"] = d["undo"] = None
-        d["behind"] = 0
+        h, t = self._pairs_to_draft_from(state, d)
         key = state.next_key() if state.temperature > 0 else None
         out = self.head.draft(h, t, k, self.embed, self.norm, self.lm_head, d["cache"],
                               temperature=state.temperature, top_p=state.top_p, key=key)
@@ -94,10 +91,7 @@ class MtpDrafter:
         """The greedy chain of propose (the spine, at any temperature: tree drafts are deterministic)
         and, at each depth, the head's next `top` candidates with their probabilities."""
         d = self._own(state)
-        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
-        h, t = self._take_pairs(d)
-        d["unpaired"] = d["undo"] = None
-        d["behind"] = 0
+        h, t = self._pairs_to_draft_from(state, d)
         head, cache = self.head, d["cache"]
         x = head.forward(h.reshape(1, -1, h.shape[-1]), t.astype(mx.int32).reshape(1, -1), self.embed, self.norm,
                          cache)[:, -1:, :]
@@ -121,6 +115,15 @@ class MtpDrafter:
                                key=lambda c: -c[1])[:top]
                         for depth, (row_ids, row_probs) in enumerate(zip(top_ids.tolist(), top_probs.tolist()))]
         return spine, logprob_array.tolist(), alternatives
+
+    def _pairs_to_draft_from(self, state, d: dict) -> tuple[mx.array, mx.array]:
+        """Every pending pair and the newest (h of last, last): a draft's first forward takes them all,
+        so the head is caught up and nothing is left to undo."""
+        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
+        h, t = self._take_pairs(d)
+        d["unpaired"] = d["undo"] = None
+        d["behind"] = 0
+        return h, t
 
     def verified(self, state, hidden: mx.array) -> None:
         self._own(state)["verify_hidden"] = hidden

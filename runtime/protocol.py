@@ -261,11 +261,8 @@ def sampling_params(req, max_tokens_default: int = 256, max_tokens_limit: int = 
 
 def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's {"token id": bias} as sorted (id, bias) pairs; ids past the vocabulary are admission's 400."""
-    pairs = []
+    pairs = []  # keys are decimal ids already: TokenIdKey is checked as the body is decoded
     for key, value in (bias or {}).items():
-        if not (key.isascii() and key.isdigit()):
-            raise ProtocolError(f"logit_bias keys are token ids (non-negative integers as strings), not {key!r}",
-                                "logit_bias")
         if value:
             pairs.append((int(key), float(value)))
     return tuple(sorted(pairs))
