@@ -11,6 +11,15 @@ residual is clipped to CLIP spreads before it moves the centre, so one outlier (
 fault) moves a cell by at most CLIP * spread / (count + 1) and never far. Past MEMORY observations
 the centre becomes an exponential average, so a cell follows a machine whose speed drifts.
 
+The machine's speed also drifts faster than a cell can follow: on a shared 2-core VM the plain step
+ran 47 ms in one minute and 70 ms in the next. A cell measured only now and then (a depth the planner
+rarely picks) would be compared with a plain cell measured at another speed, and their ratio, which
+is all the planner's choice reads, would carry that drift. So a common `tempo` (a fast average of
+what the cells do not explain, over ~TEMPO_MEMORY verify steps) takes the drift; cells learn what
+remains, and every cell the planner reads (and the saved table) is scaled by the same tempo. Simulated
+(tests/unit/test_online_estimators.py): a 1.4x slow-down after a cell was last measured biased its
+ratio to plain decode by 27% without the tempo, by ~1% with it.
+
 Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 """
 
@@ -34,6 +43,10 @@ Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cel
 # The planner's tables are rebuilt after this many observations, not after each: a rebuild prices
 # every cell (0.7 ms of the actors' time a step at width 4), and one step moves a cell by ~1/64.
 REBUILD_EVERY = 8
+# Verify steps over which the common speed follows the machine: the faster it follows, the less of a
+# change the cells take in before it does (a cell's own memory is MEMORY steps).
+TEMPO_MEMORY = 4
+TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
 
 
 class RobustEstimate(msgspec.Struct, kw_only=True):
@@ -74,6 +87,7 @@ class OnlineCostModel:
         self._optimistic: CostTable | None = None
         self._unpriced = 0  # observations since the tables were built
         self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
+        self.tempo = {"ms": 0.0, "j": 0.0}  # log of the machine's speed now against the cells' average
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
         """One served step's cost (a plain step is verify at depth 0)."""
@@ -84,6 +98,9 @@ class OnlineCostModel:
             if not (value > 0 and base > 0 and math.isfinite(value)):
                 continue
             x = math.log(value / base)
+            if kind == "verify":  # the bulk of a step's time, and measured every step: it sets the tempo
+                self._follow_tempo(unit, x - self._shape(kind, unit, width, depth))
+            x -= self.tempo[unit]
             for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
                 self._levels.setdefault(key, RobustEstimate()).update(x)
         self.observations += 1
@@ -91,13 +108,23 @@ class OnlineCostModel:
         if self._unpriced >= REBUILD_EVERY or self.observations <= REBUILD_EVERY:  # the first ones move cells most
             self._table = self._optimistic = None
 
+    def _follow_tempo(self, unit: str, residual: float) -> None:
+        """Move the tempo toward what the observed cell's estimate does not explain (clipped)."""
+        tempo = self.tempo[unit]
+        self.tempo[unit] = tempo + min(TEMPO_CLIP, max(-TEMPO_CLIP, residual - tempo)) / TEMPO_MEMORY
+
     def ratio(self, kind: Kind, unit: str, width: int, depth: int) -> float:
-        """Measured over prior cost at this cell (1.0 before anything is measured)."""
+        """Measured over prior cost at this cell, at the machine's speed now (1.0 before anything is measured)."""
+        return math.exp(self._shape(kind, unit, width, depth) + self.tempo[unit])
+
+    def _shape(self, kind: Kind, unit: str, width: int, depth: int) -> float:
+        """The cell's log-ratio to the prior with the tempo apart: what the cells learn."""
         top = shrunk(self._levels.get((kind, unit)), 0.0)
         mid = shrunk(self._levels.get((kind, unit, width)), top)
-        return math.exp(shrunk(self._levels.get((kind, unit, width, depth)), mid))
+        return shrunk(self._levels.get((kind, unit, width, depth)), mid)
 
     def cost(self, kind: Kind, width: int, depth: int) -> Cost:
+        """A cell's cost at the machine's speed now."""
         prior = self._prior_cost(kind, width, depth)
         return Cost(ms=prior.ms * self.ratio(kind, "ms", width, depth),
                     joules=prior.joules * self.ratio(kind, "j", width, depth))
@@ -107,8 +134,7 @@ class OnlineCostModel:
         if self._table is None:
             self._unpriced = 0
             widths = sorted(set(self.prior.widths) | {k[2] for k in self._levels if len(k) >= 3})
-            depths = self.prior.depths
-            grid = {kind: tuple(tuple(self._cell(kind, n, k) for k in depths) for n in widths)
+            grid = {kind: tuple(tuple(self._cell(kind, n, k) for k in self.prior.depths) for n in widths)
                     for kind in ("verify", "draft")}
             self._table = msgspec.structs.replace(self.prior, widths=tuple(widths), verify=grid["verify"],
                                                   draft=grid["draft"])
@@ -167,4 +193,5 @@ class OnlineCostModel:
         return {"prior_source": self.source, "prior_machine": self.prior.meta.machine,
                 "observations": self.observations,
                 "scale_to_prior": round(math.exp(top.centre), 4) if top and top.count else None,
+                "tempo": round(math.exp(self.tempo["ms"]), 4),
                 "cells": self.cells()}

@@ -176,7 +176,8 @@ def test_a_draft_that_catches_up_first_is_not_the_draft_cells_cost():
                 draft_j=0.3, tokens=2)
     ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE + 40)
     ctl.step_starting(0.0)
-    assert ctl.costs.cost("draft", 1, depth).ms == before and ctl.catch_ups == 1
+    # The draft cell learned nothing (its verify moved the tempo, which scales every cell alike)
+    assert not [c for c in ctl.costs.cells() if c["kind"] == "draft"] and ctl.catch_ups == 1
     ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE)
     ctl.step_starting(0.0)
     assert ctl.costs.cost("draft", 1, depth).ms > before * 1.5
