@@ -34,13 +34,15 @@ class ModelOwner(Actor):
     name = "model_owner"
 
     def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
-                 batched: bool = False, rows_kernel: bool = True, prompt_cache: tuple[int, int] = (0, 0)):
+                 batched: bool = False, rows_kernel: bool = True, prompt_cache: tuple[int, int] = (0, 0),
+                 compiled_layers: bool = True):
         super().__init__()  # its inbox bound: Config.actors
         self.model_path = model_path
         self.prefill_step = prefill_step
         self.spec = spec
         self.batched = batched  # mtp_batch: decoding sequences share one batch cache
         self.rows_kernel = rows_kernel
+        self.compiled_layers = compiled_layers
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
         self.engine = None
         self.info: ModelInfo | None = None
@@ -97,7 +99,7 @@ class ModelOwner(Actor):
 
             self.pids = join(self.channel, self.model_path, [self.prefill_step, self.spec, self.batched,
                                                              self.rows_kernel, self.prompt_cache, self.parallel])
-        loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel)
+        loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel, self.compiled_layers)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head, self.rows_kernel)

@@ -13,7 +13,7 @@ from kernels.loader import load
 
 class BareGenerator:
     def __init__(self, model_dir):
-        self.model = load(model_dir, rows_kernel=False).model  # mlx-lm as it ships
+        self.model = load(model_dir, rows_kernel=False, compiled=False).model  # mlx-lm as it ships
 
     def greedy(self, prompt_ids: list[int], max_tokens: int, eos_ids) -> tuple[list[int], float]:
         """Tokens up to EOS or max_tokens, and the wall seconds from the call to the last token."""
@@ -31,7 +31,7 @@ class BatchGeneratorRunner:
     """mlx-lm's own continuous batching (BatchGenerator), the baseline of `metrale bench batch`."""
 
     def __init__(self, model_dir, eos_ids):
-        self.model = load(model_dir, rows_kernel=False).model  # mlx-lm as it ships
+        self.model = load(model_dir, rows_kernel=False, compiled=False).model  # mlx-lm as it ships
         self.eos_ids = list(eos_ids)
 
     def run(self, prompts: list[list[int]], max_tokens: int):

@@ -18,7 +18,9 @@ class LoadedModel:
     def __init__(self, model: nn.Module, path: Path, config: dict, matmul: str = "stock",
                  layout: tuple[str, Fraction] | None = None):
         self.model, self.path, self.config = model, path, config
-        self.matmul = matmul  # the decode steps' products: "rows kernel on for 4-12 rows", or "stock ..."
+        # the decode steps' products ("rows kernel on for 4-12 rows", or "stock ..."), and ", compiled
+        # layers" where kernels/compiled_blocks.py runs them
+        self.matmul = matmul
         self.layout = layout  # distributed: ("tensor" | "pipeline", this rank's share of the KV); else None
 
     @property
@@ -51,10 +53,13 @@ class LoadedModel:
         return f"{q['bits']}-bit{mode} (group {q['group_size']}), {activations} activations"
 
 
-def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str = "auto") -> LoadedModel:
-    """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False. With a
-    kernels.group Channel, this rank's part of it (kernels/sharding.py), split before its weights
-    are read; every rank of the group calls this together."""
+def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str = "auto",
+         compiled: bool = True) -> LoadedModel:
+    """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False, its
+    decoder layers' decode and verify work compiled (kernels/compiled_blocks.py) unless compiled is
+    False. With a kernels.group Channel, this rank's part of it (kernels/sharding.py), split before
+    its weights are read; every rank of the group calls this together (its layers run stock: a
+    shard's products end in a collective sum)."""
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not an mlx-lm model directory (no config.json)")
@@ -71,6 +76,11 @@ def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str
     config = config if isinstance(config, dict) else json.loads((path / "config.json").read_text())
     # The kernel goes in after the split: shard_linear takes only nn.Linear layers.
     matmul = use_rows_kernel(model, rows_kernel, channel)
+    if compiled and channel is None:
+        from kernels import compiled_blocks
+
+        if compiled_blocks.install(model):
+            matmul += ", compiled layers"
     return LoadedModel(model, path, config, matmul=matmul, layout=layout)
 
 

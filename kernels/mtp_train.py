@@ -160,7 +160,7 @@ def run(args: argparse.Namespace, base=None) -> Path:
         logfile.write(line + "\n")
         logfile.flush()
 
-    base = base if base is not None else load(args.model, rows_kernel=False).model  # training: no vjp
+    base = base if base is not None else load(args.model, rows_kernel=False, compiled=False).model  # training: no vjp
     base.freeze()
     if args.keep_draft_vocab and not args.init_from:
         raise SystemExit("--keep-draft-vocab needs --init-from HEAD")

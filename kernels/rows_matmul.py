@@ -34,6 +34,9 @@ _module = None
 _failure: str | None = None
 _rows: frozenset[int] = frozenset()  # row counts the kernel takes: chosen at the first install
 _rows_chosen = False
+# Bumped whenever a product's path may have changed (layers swapped, row counts chosen): graphs traced
+# before (kernels/compiled_blocks.py) trace again.
+swaps = 0
 VERDICTS = BUILD_ROOT / "rows-verdicts.json"  # per machine, BLAS and model shapes: timed once
 WIN_RATIO = 0.97  # the kernel takes a row count only when clearly faster: a tie keeps MLX's path
 
@@ -225,17 +228,17 @@ def install(model: nn.Module) -> int:
 
 def choose_for(model: nn.Module) -> frozenset[int]:
     """The row counts the kernel takes: the first model's products decide, once per machine."""
-    global _rows, _rows_chosen
+    global _rows, _rows_chosen, swaps
     if not _rows_chosen and load() is not None:
-        _rows, _rows_chosen = rows_for(_products(model)), True
+        _rows, _rows_chosen, swaps = rows_for(_products(model)), True, swaps + 1
     return _rows
 
 
 def adopt(rows) -> None:
     """Take another process's row counts instead of timing here: a distributed group's ranks must
     compute their replicated parts (the LM head) alike, so they all take rank 0's."""
-    global _rows, _rows_chosen
-    _rows, _rows_chosen = frozenset(rows), True
+    global _rows, _rows_chosen, swaps
+    _rows, _rows_chosen, swaps = frozenset(rows), True, swaps + 1
 
 
 def rows_for(weights: list[mx.array]) -> frozenset[int]:
@@ -315,6 +318,8 @@ def _to_stock(layer):
 
 def _swap(module: nn.Module, replace) -> int:
     """Replace every layer below `module` that `replace` maps to a new one; how many were."""
+    global swaps
+    swaps += 1
     swapped = 0
     for name in list(module.children()):
         child = module[name]  # children() hands out copies of lists; swap in the module's own

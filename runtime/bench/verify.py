@@ -1,11 +1,12 @@
 """metrale bench verify: what a plain step and a verify of K drafts cost, against the memory-bound limit.
 
 verify(n, K) is the probe `metrale calibrate` times (kernels/calibrate.py): one target forward of
-n rows of K + 1 tokens over a cached context, trimmed back after each call. Three paths, in one run:
+n rows of K + 1 tokens over a cached context, trimmed back after each call. Four paths, in one run:
 MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
-picks here, and that BLAS with the few-rows kernel (kernels/rows_matmul.py), the path `metrale
-serve` runs by default. A BLAS is bound when MLX loads, so each BLAS runs in its own child process;
-the kernel is swapped in and out within one, round-robin with the stock layers. The limit is the
+picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), and that with the decoder
+layers compiled (kernels/compiled_blocks.py), the path `metrale serve` runs by default. A BLAS is
+bound when MLX loads, so each BLAS runs in its own child process; the kernel and the compiled
+layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
 bandwidth (a buffer the size of the weights summed by one thread per core).
 Last line: verify1_ratio (verify(1,1) / verify(1,0), served path) verify4_ratio (the same at width
@@ -23,7 +24,7 @@ import time
 
 from runtime.bench.common import table
 
-PATHS = ("openblas stock", "chosen stock", "chosen + rows kernel")
+PATHS = ("openblas stock", "chosen stock", "chosen + rows kernel", "+ compiled layers")
 
 
 def main(argv: list[str]) -> int:
@@ -45,23 +46,27 @@ def main(argv: list[str]) -> int:
 def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict:
     """This process's BLAS: stock and kernel ms per (width, K), model bytes, the breakdown."""
     import kernels
-    from kernels import rows_matmul, step_profile
+    from kernels import compiled_blocks, rows_matmul, step_profile
     from kernels.calibrate import VerifyProbe
     from kernels.cell_timer import CellTimer
     from kernels.default_model import ensure_default_model
     from kernels.loader import load
 
-    loaded = load(ensure_default_model(), rows_kernel=False)
+    loaded = load(ensure_default_model(), rows_kernel=False, compiled=False)
     model, context = loaded.model, CellTimer.context_of(loaded.vocab_size)
-    paths = {"stock": lambda: rows_matmul.uninstall(model)}
+    paths = {"stock": lambda: (rows_matmul.uninstall(model), compiled_blocks.uninstall(model))}
     if rows_matmul.available():
-        paths["kernel"] = lambda: rows_matmul.install(model)
+        paths["kernel"] = lambda: (rows_matmul.install(model), compiled_blocks.uninstall(model))
+    paths["compiled"] = lambda: (rows_matmul.install(model) if rows_matmul.available() else None,
+                                 compiled_blocks.install(model))
     ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     for width in widths:
         probe = VerifyProbe(model, width, context, max_k)
         for _ in range(repeats):  # round-robin: drift hits every path and depth alike
             for path, use in paths.items():
                 use()
+                for k in range(max_k + 1):  # untimed: a swap makes the compiled layers trace each shape again
+                    probe(k)
                 for k in range(max_k + 1):
                     started = time.perf_counter()
                     probe(k)
@@ -111,7 +116,8 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
     stock = run_worker("openblas", widths, max_k, repeats, breakdown and same)
     chosen = stock if same else run_worker(chosen_name, widths, max_k, repeats, breakdown)
     cells = {"openblas stock": stock["ms"]["stock"], "chosen stock": chosen["ms"]["stock"],
-             "chosen + rows kernel": chosen["ms"].get("kernel", chosen["ms"]["stock"])}
+             "chosen + rows kernel": chosen["ms"].get("kernel", chosen["ms"]["stock"]),
+             "+ compiled layers": chosen["ms"]["compiled"]}
     gb_s = bandwidth_gb_s(chosen["model_bytes"])
     limit_ms = chosen["model_bytes"] / gb_s / 1e6
     print(f"machine: {os.cpu_count()} cpus; stock: {stock['blas']}; chosen: {chosen['blas']}; "
@@ -129,7 +135,7 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
         print(table(["K"] + [h for p in PATHS for h in (p, "ratio")], rows) + "\n")
     if "breakdown" in chosen:
         print_breakdown(chosen["breakdown"])
-    served = cells["chosen + rows kernel"]
+    served = cells["+ compiled layers"]
     print(f"verify1_ratio={served['1,1'] / served['1,0']:.3f} "
           f"verify4_ratio={served['4,1'] / served['4,0'] if '4,0' in served else float('nan'):.3f} "
           f"plain_vs_limit={served['1,0'] / limit_ms:.3f} "

@@ -1,0 +1,76 @@
+"""Compiled decoder layers (kernels/compiled_blocks.py) give the stock layers' logits bit for bit: on
+tiny random llamas of random shapes at every step kind (prefill, decode, verify, a left-padded batch
+cache), on the default model's weights, and after the rows kernel is swapped out under them."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.llama import TransformerBlock
+
+from kernels import compiled_blocks, rows_matmul
+from tests.tiny import tiny_llama
+
+
+def twins(seed: int, **shape):
+    """The same random llama twice: one stock, one with compiled layers."""
+    stock, mine = tiny_llama(seed=seed, **shape), tiny_llama(seed=seed, **shape)
+    assert compiled_blocks.install(mine) == len(mine.model.layers)
+    return stock, mine
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from([(32, 2, 1), (64, 4, 2), (48, 4, 4)]),
+       st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=5), st.integers(1, 30))
+def test_compiled_layers_give_the_stock_logits_at_every_step(seed, heads, steps, prompt):
+    hidden, n_heads, kv_heads = heads
+    stock, mine = twins(seed, hidden_size=hidden, num_attention_heads=n_heads, num_key_value_heads=kv_heads,
+                        intermediate_size=2 * hidden)
+    caches = make_prompt_cache(stock), make_prompt_cache(mine)
+    tokens = [mx.array([[(seed + 7 * i) % 100 + 1 for i in range(prompt)]])]  # prefill (stock above MAX_ROWS)
+    tokens += [mx.array([[(seed + r) % 90 + 2 for r in range(rows)]]) for rows in steps]  # decode, verify
+    for step in tokens:
+        assert mx.array_equal(mine(step, cache=caches[1]), stock(step, cache=caches[0])).item()
+
+
+def test_a_left_padded_batch_cache_too():
+    stock, mine = twins(3)
+    rows = mx.array([[0, 0, 5, 9, 14, 3], [8, 2, 6, 1, 7, 4]])
+    caches = [[BatchKVCache([2, 0]) for _ in m.model.layers] for m in (stock, mine)]
+    for step in (rows, mx.array([[11], [12]]), mx.array([[3, 4, 5], [6, 7, 8]])):
+        assert mx.array_equal(mine(step, cache=caches[1]), stock(step, cache=caches[0])).item()
+
+
+def test_swapping_the_rows_kernel_out_traces_the_layers_again():
+    stock, mine = twins(5)
+    caches = make_prompt_cache(stock), make_prompt_cache(mine)
+    mine(mx.array([[1, 2, 3]]), cache=caches[1]), stock(mx.array([[1, 2, 3]]), cache=caches[0])
+    traced = mine.model.layers[0]._compiled
+    rows_matmul.uninstall(mine)
+    assert mx.array_equal(mine(mx.array([[4]]), cache=caches[1]), stock(mx.array([[4]]), cache=caches[0])).item()
+    assert mine.model.layers[0]._compiled is not traced  # rows_matmul.swaps moved on
+
+
+def test_uninstall_restores_the_stock_layers_and_names_stay():
+    stock, mine = twins(1)
+    names = [name for name, _ in mine.parameters().items()]
+    compiled_blocks.uninstall(mine)
+    assert all(type(layer) is TransformerBlock for layer in mine.model.layers)
+    assert names == [name for name, _ in stock.parameters().items()]
+
+
+def test_the_default_models_weights_give_the_stock_logits():
+    from kernels.default_model import default_model_dir
+    from kernels.loader import load
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("default model not fetched")
+    served, stock = load(default_model_dir()), load(default_model_dir(), compiled=False)
+    assert served.matmul.endswith(", compiled layers") and "compiled" not in stock.matmul
+    caches = make_prompt_cache(served.model), make_prompt_cache(stock.model)
+    for step in (mx.array([[1, 504, 3458, 314, 2]]), mx.array([[28]]), mx.array([[11, 905, 42, 7]])):
+        mine, want = served.model(step, cache=caches[0]), stock.model(step, cache=caches[1])
+        assert mx.array_equal(mine, want).item()
