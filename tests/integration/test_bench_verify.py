@@ -1,5 +1,5 @@
 """metrale bench verify end to end on the default model: a child process per BLAS, every path's
-verify cells, the breakdown, and the last line's four ratios."""
+(stock, rows kernel, compiled layers) verify cells, the breakdown, and the last line's four ratios."""
 
 import re
 
@@ -19,7 +19,8 @@ def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, caps
     for width in (1, 4):
         at = out.index(f"width {width}: verify({width},K) ms and / verify({width},0)")
         assert [line.split()[0] for line in out[at + 2:at + 5]] == ["0", "1", "2"]
-        assert all(len(line.split()) == 7 for line in out[at + 2:at + 5])
+        assert "+ compiled layers" in out[at + 1]  # the served path's column
+        assert all(len(line.split()) == 9 for line in out[at + 2:at + 5])
     assert any(line.startswith("breakdown,") for line in out)
     assert any(line.strip().startswith("lm head") for line in out)
 
