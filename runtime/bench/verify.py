@@ -9,6 +9,8 @@ bound when MLX loads, so each BLAS runs in its own child process; the kernel and
 layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
 bandwidth (a buffer the size of the weights summed by one thread per core).
+Then, per width, the compiled layers over the path under them as the median of each repeat's ratio
+(the two calls seconds apart: robust to a shared machine's drift, unlike each path's own median).
 Last line: verify1_ratio (verify(1,1) / verify(1,0), served path) verify4_ratio (the same at width
 4) plain_vs_limit (served plain step / the limit) plain_vs_stock (served plain step / stock OpenBLAS).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +77,11 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     out = {"blas": kernels.BLAS, "kernel": rows_matmul.status(),
            "model_bytes": step_profile.step_bytes(model, len(context)),
            "ms": {p: {cell: sorted(v)[len(v) // 2] for cell, v in cells.items()} for p, cells in ms.items()}}
+    # Each repeat's compiled and uncompiled calls ran seconds apart: their ratio sees through a VM's
+    # drift (here +-20% within a minute), which the medians of each path alone do not.
+    base = "kernel" if "kernel" in ms else "stock"
+    out["paired"] = {cell: statistics.median(c / b for c, b in zip(v, ms[base][cell]))
+                     for cell, v in ms["compiled"].items()}
     if breakdown and step_profile.supported(model):
         out["breakdown"] = {}
         for path, use in paths.items():
@@ -133,6 +141,11 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
             rows.append(row)
         print(f"width {width}: verify({width},K) ms and / verify({width},0)")
         print(table(["K"] + [h for p in PATHS for h in (p, "ratio")], rows) + "\n")
+    for width in widths:
+        paired = " ".join(f"K={k} {chosen['paired'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
+        print(f"width {width}: + compiled layers / {'rows kernel' if rows_kernel_column(chosen) else 'stock'}, "
+              f"median of each repeat's ratio: {paired}")
+    print()
     if "breakdown" in chosen:
         print_breakdown(chosen["breakdown"])
     served = cells["+ compiled layers"]
@@ -141,6 +154,10 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
           f"plain_vs_limit={served['1,0'] / limit_ms:.3f} "
           f"plain_vs_stock={served['1,0'] / cells['openblas stock']['1,0']:.3f}")
     return 0
+
+
+def rows_kernel_column(worker: dict) -> bool:
+    return "kernel" in worker["ms"]
 
 
 def print_breakdown(breakdown: dict) -> None:

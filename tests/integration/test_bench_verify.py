@@ -21,6 +21,9 @@ def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, caps
         assert [line.split()[0] for line in out[at + 2:at + 5]] == ["0", "1", "2"]
         assert "+ compiled layers" in out[at + 1]  # the served path's column
         assert all(len(line.split()) == 9 for line in out[at + 2:at + 5])
+    for width in (1, 4):  # the compiled layers against the path under them, paired per repeat
+        assert any(re.match(rf"width {width}: \+ compiled layers / .*: K=0 \d+\.\d+ K=1 \d+\.\d+ K=2 \d+\.\d+$", line)
+                   for line in out)
     assert any(line.startswith("breakdown,") for line in out)
     assert any(line.strip().startswith("lm head") for line in out)
 
