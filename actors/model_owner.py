@@ -99,7 +99,8 @@ class ModelOwner(Actor):
 
             self.pids = join(self.channel, self.model_path, [self.prefill_step, self.spec, self.batched,
                                                              self.rows_kernel, self.prompt_cache, self.parallel])
-        loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel, self.compiled_layers)
+        loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel,
+                      compiled=self.compiled_layers)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head, self.rows_kernel)

@@ -223,7 +223,7 @@ def install(model: nn.Module) -> int:
     if load() is None:
         return 0
     choose_for(model)
-    return _swap(model, _to_kernel)
+    return _swap_all(model, _to_kernel)
 
 
 def choose_for(model: nn.Module) -> frozenset[int]:
@@ -289,7 +289,7 @@ def _products(model: nn.Module) -> list[mx.array]:
 
 def uninstall(model: nn.Module) -> None:
     """Stock layers back (benchmarks time both paths in one process)."""
-    _swap(model, _to_stock)
+    _swap_all(model, _to_stock)
 
 
 def _to_kernel(layer):
@@ -316,10 +316,15 @@ def _to_stock(layer):
     return stock
 
 
-def _swap(module: nn.Module, replace) -> int:
-    """Replace every layer below `module` that `replace` maps to a new one; how many were."""
+def _swap_all(model: nn.Module, replace) -> int:
+    """_swap over the whole model, counted in `swaps` (compiled graphs of its layers trace again)."""
     global swaps
     swaps += 1
+    return _swap(model, replace)
+
+
+def _swap(module: nn.Module, replace) -> int:
+    """Replace every layer below `module` that `replace` maps to a new one; how many were."""
     swapped = 0
     for name in list(module.children()):
         child = module[name]  # children() hands out copies of lists; swap in the module's own

@@ -80,6 +80,7 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     # Each repeat's compiled and uncompiled calls ran seconds apart: their ratio sees through a VM's
     # drift (here +-20% within a minute), which the medians of each path alone do not.
     base = "kernel" if "kernel" in ms else "stock"
+    out["paired_against"] = "rows kernel" if base == "kernel" else "stock"
     out["paired"] = {cell: statistics.median(c / b for c, b in zip(v, ms[base][cell]))
                      for cell, v in ms["compiled"].items()}
     if breakdown and step_profile.supported(model):
@@ -143,7 +144,7 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
         print(table(["K"] + [h for p in PATHS for h in (p, "ratio")], rows) + "\n")
     for width in widths:
         paired = " ".join(f"K={k} {chosen['paired'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
-        print(f"width {width}: + compiled layers / {'rows kernel' if rows_kernel_column(chosen) else 'stock'}, "
+        print(f"width {width}: + compiled layers / {chosen['paired_against']}, "
               f"median of each repeat's ratio: {paired}")
     print()
     if "breakdown" in chosen:
@@ -154,10 +155,6 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
           f"plain_vs_limit={served['1,0'] / limit_ms:.3f} "
           f"plain_vs_stock={served['1,0'] / cells['openblas stock']['1,0']:.3f}")
     return 0
-
-
-def rows_kernel_column(worker: dict) -> bool:
-    return "kernel" in worker["ms"]
 
 
 def print_breakdown(breakdown: dict) -> None:
