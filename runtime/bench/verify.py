@@ -9,10 +9,12 @@ bound when MLX loads, so each BLAS runs in its own child process; the kernel and
 layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
 bandwidth (a buffer the size of the weights summed by one thread per core).
-Then, per width, the compiled layers over the path under them as the median of each repeat's ratio
-(the two calls seconds apart: robust to a shared machine's drift, unlike each path's own median).
+Every ratio is the median of each repeat's own ratio (its two calls ran seconds or less apart, so
+they share a shared machine's drift, which each call's own median does not): verify(n,K) over the
+same path's verify(n,0), and per width the compiled layers over the path under them.
 Last line: verify1_ratio (verify(1,1) / verify(1,0), served path) verify4_ratio (the same at width
-4) plain_vs_limit (served plain step / the limit) plain_vs_stock (served plain step / stock OpenBLAS).
+4) plain_vs_limit (served plain step / the limit) plain_vs_stock (served plain step / stock OpenBLAS;
+paired per repeat where the chosen BLAS is OpenBLAS, else the two processes' medians).
 """
 
 from __future__ import annotations
@@ -77,12 +79,13 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     out = {"blas": kernels.BLAS, "kernel": rows_matmul.status(),
            "model_bytes": step_profile.step_bytes(model, len(context)),
            "ms": {p: {cell: sorted(v)[len(v) // 2] for cell, v in cells.items()} for p, cells in ms.items()}}
-    # Each repeat's compiled and uncompiled calls ran seconds apart: their ratio sees through a VM's
-    # drift (here +-20% within a minute), which the medians of each path alone do not.
+    # Paired ratios see through a VM's drift (here +-20% within a minute); medians of each path do not.
+    out["vs_plain"] = {p: {cell: paired_median(v, cells[cell.split(",")[0] + ",0"]) for cell, v in cells.items()}
+                       for p, cells in ms.items()}
     base = "kernel" if "kernel" in ms else "stock"
     out["paired_against"] = "rows kernel" if base == "kernel" else "stock"
-    out["paired"] = {cell: statistics.median(c / b for c, b in zip(v, ms[base][cell]))
-                     for cell, v in ms["compiled"].items()}
+    out["paired"] = {cell: paired_median(v, ms[base][cell]) for cell, v in ms["compiled"].items()}
+    out["compiled_vs_stock"] = {cell: paired_median(v, ms["stock"][cell]) for cell, v in ms["compiled"].items()}
     if breakdown and step_profile.supported(model):
         out["breakdown"] = {}
         for path, use in paths.items():
@@ -90,6 +93,11 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
             out["breakdown"][path] = {rows: step_profile.profile(model, rows, context, repeats)
                                       for rows in (1, 2, 4, 9)}
     return out
+
+
+def paired_median(numerators: list[float], denominators: list[float]) -> float:
+    """The median of each repeat's ratio: the two calls of a repeat share the machine's drift."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
 
 
 def bandwidth_gb_s(size: int, repeats: int = 7) -> float:
@@ -127,6 +135,9 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
     cells = {"openblas stock": stock["ms"]["stock"], "chosen stock": chosen["ms"]["stock"],
              "chosen + rows kernel": chosen["ms"].get("kernel", chosen["ms"]["stock"]),
              "+ compiled layers": chosen["ms"]["compiled"]}
+    ratios = {"openblas stock": stock["vs_plain"]["stock"], "chosen stock": chosen["vs_plain"]["stock"],
+              "chosen + rows kernel": chosen["vs_plain"].get("kernel", chosen["vs_plain"]["stock"]),
+              "+ compiled layers": chosen["vs_plain"]["compiled"]}
     gb_s = bandwidth_gb_s(chosen["model_bytes"])
     limit_ms = chosen["model_bytes"] / gb_s / 1e6
     print(f"machine: {os.cpu_count()} cpus; stock: {stock['blas']}; chosen: {chosen['blas']}; "
@@ -137,10 +148,9 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
         for k in range(max_k + 1):
             row: list = [k]
             for path in PATHS:
-                ms, plain = cells[path][f"{width},{k}"], cells[path][f"{width},0"]
-                row += [ms, ms / plain]
+                row += [cells[path][f"{width},{k}"], ratios[path][f"{width},{k}"]]
             rows.append(row)
-        print(f"width {width}: verify({width},K) ms and / verify({width},0)")
+        print(f"width {width}: verify({width},K) ms and / verify({width},0) (median of each repeat's ratio)")
         print(table(["K"] + [h for p in PATHS for h in (p, "ratio")], rows) + "\n")
     for width in widths:
         paired = " ".join(f"K={k} {chosen['paired'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
@@ -149,11 +159,12 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
     print()
     if "breakdown" in chosen:
         print_breakdown(chosen["breakdown"])
-    served = cells["+ compiled layers"]
-    print(f"verify1_ratio={served['1,1'] / served['1,0']:.3f} "
-          f"verify4_ratio={served['4,1'] / served['4,0'] if '4,0' in served else float('nan'):.3f} "
-          f"plain_vs_limit={served['1,0'] / limit_ms:.3f} "
-          f"plain_vs_stock={served['1,0'] / cells['openblas stock']['1,0']:.3f}")
+    served, served_ratio = cells["+ compiled layers"], ratios["+ compiled layers"]
+    vs_stock = (chosen["compiled_vs_stock"]["1,0"] if same
+                else served["1,0"] / cells["openblas stock"]["1,0"])  # two processes: nothing to pair
+    print(f"verify1_ratio={served_ratio['1,1']:.3f} "
+          f"verify4_ratio={served_ratio.get('4,1', float('nan')):.3f} "
+          f"plain_vs_limit={served['1,0'] / limit_ms:.3f} plain_vs_stock={vs_stock:.3f}")
     return 0
 
 

@@ -17,7 +17,7 @@ def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, caps
     assert any(line.startswith("machine:") and "stock: openblas" in line for line in out)
     assert any(re.match(r"bandwidth \d+\.\d GB/s, \d+ MB per step -> limit \d+\.\d ms", line) for line in out)
     for width in (1, 4):
-        at = out.index(f"width {width}: verify({width},K) ms and / verify({width},0)")
+        at = out.index(f"width {width}: verify({width},K) ms and / verify({width},0) (median of each repeat's ratio)")
         assert [line.split()[0] for line in out[at + 2:at + 5]] == ["0", "1", "2"]
         assert "+ compiled layers" in out[at + 1]  # the served path's column
         assert all(len(line.split()) == 9 for line in out[at + 2:at + 5])
