@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include <immintrin.h>
 #include <nanobind/nanobind.h>
 
 #include "mlx/backend/cpu/encoder.h"
@@ -36,6 +37,19 @@ typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 
+// acc + x * w with one rounding, spelled out: left to the compiler (-ffp-contract), whether it fuses
+// depends on its tuning and the block shape (AMD tunings skip fusing some accumulation chains), and
+// a row's result would then change with the row count.
+inline vf multiply_add(vf x, vf w, vf acc) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
+#elif defined(__FMA__)
+  return (vf)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
+#else
+  return acc + x * w;  // no fused instruction: built with -ffp-contract=off, so never fused
+#endif
+}
+
 // Pairwise (log depth, not a 16-add chain per output); the same order for every row count.
 inline float lane_sum(vf v) {
   float t[kLanes];
@@ -57,13 +71,13 @@ inline void block(const float* x, const float* w, float* y, int N, int K, int n)
     for (int j = 0; j < WR; ++j) wv[j] = load(w + (size_t)(n + j) * K + k);
     for (int r = 0; r < XR; ++r) {
       vf xv = load(x + (size_t)r * K + k);
-      for (int j = 0; j < WR; ++j) acc[r][j] += xv * wv[j];
+      for (int j = 0; j < WR; ++j) acc[r][j] = multiply_add(xv, wv[j], acc[r][j]);
     }
   }
   for (int r = 0; r < XR; ++r)
     for (int j = 0; j < WR; ++j) {
       float s = lane_sum(acc[r][j]);
-      for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * w[(size_t)(n + j) * K + t];
+      for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * w[(size_t)(n + j) * K + t];  // unfused: contract off
       y[(size_t)r * N + n + j] = s;
     }
 }
