@@ -147,25 +147,28 @@ def taken_rows() -> frozenset[int]:
 
 
 def choose_rows(weights: list[mx.array], repeats: int = 5) -> frozenset[int]:
-    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: at
-    each count every weight is multiplied once, as a step does, by both paths paired call by call;
-    the kernel needs a median ratio under WIN_RATIO. (A BLAS may have a matrix-vector path that
-    wins for 1-3 rows and pack the weights from 4; the kernel's per-call start costs show only
+    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: the
+    kernel needs a median ratio under WIN_RATIO (row_ratios). (A BLAS may have a matrix-vector path
+    that wins for 1-3 rows and pack the weights from 4; the kernel's per-call start costs show only
     when the small products are timed with the large.)"""
+    return frozenset(rows for rows, ratio in row_ratios(weights, repeats).items() if ratio < WIN_RATIO)
+
+
+def row_ratios(weights: list[mx.array], repeats: int = 5) -> dict[int, float]:
+    """Per row count 1..MAX_ROWS, the kernel's time over MLX's matmul (median of paired calls): every
+    weight multiplied once, as a step does, by both paths back to back in alternating order."""
     module = load()
     if module is None:
-        return frozenset()
-    won = set()
+        return {}
+    found = {}
     for rows in range(1, module.MAX_ROWS + 1):
         xs = {k: mx.random.normal((rows, k)) for k in {w.shape[1] for w in weights}}
         mx.eval(list(xs.values()))
         stock = lambda: mx.eval([xs[w.shape[1]] @ w.T for w in weights])  # noqa: E731
         mine = lambda: mx.eval([module.rows_matmul(xs[w.shape[1]], w) for w in weights])  # noqa: E731
         stock(), mine()  # warm: the first calls pay for page faults and thread starts
-        ratios = [_paired_ratio(mine, stock, mine_first=i % 2 == 1) for i in range(repeats)]
-        if statistics.median(ratios) < WIN_RATIO:
-            won.add(rows)
-    return frozenset(won)
+        found[rows] = statistics.median(_paired_ratio(mine, stock, mine_first=i % 2 == 1) for i in range(repeats))
+    return found
 
 
 def _paired_ratio(mine, stock, mine_first: bool) -> float:
@@ -230,7 +233,7 @@ def choose_for(model: nn.Module) -> frozenset[int]:
     """The row counts the kernel takes: the first model's products decide, once per machine."""
     global _rows, _rows_chosen, swaps
     if not _rows_chosen and load() is not None:
-        _rows, _rows_chosen, swaps = rows_for(_products(model)), True, swaps + 1
+        _rows, _rows_chosen, swaps = rows_for(products(model)), True, swaps + 1
     return _rows
 
 
@@ -280,7 +283,7 @@ def _write_verdicts(verdicts: dict) -> None:
         pass  # a read-only environment times the row counts at every start instead
 
 
-def _products(model: nn.Module) -> list[mx.array]:
+def products(model: nn.Module) -> list[mx.array]:
     """Every float32 weight matrix the model multiplies by (a step multiplies each once)."""
     from mlx.utils import tree_flatten
 

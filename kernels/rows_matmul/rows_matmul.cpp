@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <immintrin.h>
@@ -22,15 +23,17 @@ namespace nb = nanobind;
 
 namespace {
 
-// 4 x-rows by kWeightRows weight rows of accumulators, plus their operands, fit the vector registers:
-// 32 with AVX-512, 16 with AVX2 (where 4 x 4 would spill).
+// A block holds XR x-rows by WR weight rows of accumulators in vector registers (32 with AVX-512, 16
+// with AVX2). An FMA's latency needs about 8 independent accumulators to keep both FMA units busy,
+// so fewer x-rows take more weight rows; a block never spills its registers.
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kWeightRows = 4;
+template <int XR> constexpr int weight_rows_for = XR >= 3 ? 4 : 8;
 #else
 constexpr int kLanes = 8;
-constexpr int kWeightRows = 2;
+template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 #endif
+constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
 typedef float vf __attribute__((vector_size(kLanes * 4)));
 typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
@@ -50,13 +53,31 @@ inline vf multiply_add(vf x, vf w, vf acc) {
 #endif
 }
 
-// Pairwise (log depth, not a 16-add chain per output); the same order for every row count.
-inline float lane_sum(vf v) {
-  float t[kLanes];
-  __builtin_memcpy(t, &v, sizeof v);
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int i = 0; i < width; ++i) t[i] += t[i + width];
-  return t[0];
+// Lane sums, pairwise: at each half-width h, lane i < h of an output takes lane i + h; the same order
+// for every output whatever block computes it. Many accumulators are summed at once, packed into
+// shared vectors (a few shuffles per output instead of a scalar chain each).
+// Lane i of halving (a, b) at half-width h: a holds kLanes / 2h outputs of 2h partial sums, b after it.
+constexpr int source_lane(int i, int h, bool upper) {
+  int per_vector = kLanes / (2 * h), output = i / h, base = output < per_vector ? output * 2 * h
+                                                                             : kLanes + (output - per_vector) * 2 * h;
+  return base + i % h + (upper ? h : 0);
+}
+
+template <int h, size_t... I>
+inline vf halve(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, source_lane(I, h, false)...) +
+         __builtin_shufflevector(a, b, source_lane(I, h, true)...);
+}
+
+// The sums of count accumulators (a power of two, at most kLanes) into the first count lanes of v[0].
+template <int h, int count>
+inline void lane_sums(vf* v) {
+  if constexpr (h >= 1) {
+    constexpr int pairs = count > 1 ? count / 2 : 1;
+    for (int i = 0; i < pairs; ++i)
+      v[i] = halve<h>(v[2 * i], v[count > 1 ? 2 * i + 1 : 0], std::make_index_sequence<kLanes>{});
+    lane_sums<h / 2, pairs>(v);
+  }
 }
 
 // XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR.
@@ -74,30 +95,52 @@ inline void block(const float* x, const float* w, float* y, int N, int K, int n)
       for (int j = 0; j < WR; ++j) acc[r][j] = multiply_add(xv, wv[j], acc[r][j]);
     }
   }
-  for (int r = 0; r < XR; ++r)
+  for (int r = 0; r < XR; ++r) {
+    lane_sums<kLanes / 2, WR>(acc[r]);
+    float sums[kLanes];
+    __builtin_memcpy(sums, &acc[r][0], sizeof sums);
     for (int j = 0; j < WR; ++j) {
-      float s = lane_sum(acc[r][j]);
+      float s = sums[j];
       for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * w[(size_t)(n + j) * K + t];  // unfused: contract off
       y[(size_t)r * N + n + j] = s;
     }
+  }
 }
 
-template <int WR>
-inline void rows_block(const float* x, const float* w, float* y, int M, int N, int K, int n) {
+// kPanel weight rows from n against XR x-rows, in blocks of as many weight rows as registers allow.
+template <int XR>
+inline void panel(const float* x, const float* w, float* y, int N, int K, int n) {
+  constexpr int WR = weight_rows_for<XR>;
+  for (int j = 0; j < kPanel; j += WR) block<XR, WR>(x, w, y, N, K, n + j);
+}
+
+// One weight row against every x-row (the rows left after the last whole panel).
+inline void single_row(const float* x, const float* w, float* y, int M, int N, int K, int n) {
   int r = 0;
-  for (; r + 4 <= M; r += 4) block<4, WR>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n);
+  for (; r + 4 <= M; r += 4) block<4, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n);
   switch (M - r) {
-    case 3: block<3, WR>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-    case 2: block<2, WR>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-    case 1: block<1, WR>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+    case 3: block<3, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+    case 2: block<2, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+    case 1: block<1, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
     default: break;
   }
 }
 
+// Every output's sum runs in the same order whatever block computes it: a row's bits never depend
+// on how many rows came with it.
 void span(const float* x, const float* w, float* y, int M, int N, int K, int n0, int n1) {
   int n = n0;
-  for (; n + kWeightRows <= n1; n += kWeightRows) rows_block<kWeightRows>(x, w, y, M, N, K, n);
-  for (; n < n1; ++n) rows_block<1>(x, w, y, M, N, K, n);
+  for (; n + kPanel <= n1; n += kPanel) {
+    int r = 0;
+    for (; r + 4 <= M; r += 4) panel<4>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n);
+    switch (M - r) {
+      case 3: panel<3>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+      case 2: panel<2>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+      case 1: panel<1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+      default: break;
+    }
+  }
+  for (; n < n1; ++n) single_row(x, w, y, M, N, K, n);
 }
 
 // Helper threads that share one product's weight rows in chunks claimed one at a time, so a helper the
@@ -116,7 +159,7 @@ class Workers {
   void run(const float* x, const float* w, float* y, int M, int N, int K) {
     std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
     x_ = x, w_ = w, y_ = y, M_ = M, N_ = N, K_ = K;
-    chunk_rows_ = std::max(kWeightRows, (32768 / std::max(K, 1)) / kWeightRows * kWeightRows);
+    chunk_rows_ = std::max(kPanel, (32768 / std::max(K, 1)) / kPanel * kPanel);
     chunks_ = (N + chunk_rows_ - 1) / chunk_rows_;
     done_.store(0, std::memory_order_relaxed);
     uint32_t g = generation_.load(std::memory_order_relaxed) + 1;

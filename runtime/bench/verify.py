@@ -86,6 +86,9 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     out["paired_against"] = "rows kernel" if base == "kernel" else "stock"
     out["paired"] = {cell: paired_median(v, ms[base][cell]) for cell, v in ms["compiled"].items()}
     out["compiled_vs_stock"] = {cell: paired_median(v, ms["stock"][cell]) for cell, v in ms["compiled"].items()}
+    if rows_matmul.available():  # what routed the kernel: its time over this BLAS's at each row count
+        out["kernel_vs_blas"] = rows_matmul.row_ratios(rows_matmul.products(model), repeats)
+        out["kernel_win_ratio"] = rows_matmul.WIN_RATIO
     if breakdown and step_profile.supported(model):
         out["breakdown"] = {}
         for path, use in paths.items():
@@ -156,6 +159,11 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
         paired = " ".join(f"K={k} {chosen['paired'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
         print(f"width {width}: + compiled layers / {chosen['paired_against']}, "
               f"median of each repeat's ratio: {paired}")
+    if chosen.get("kernel_vs_blas"):
+        by_rows = " ".join(f"{rows}:{ratio:.2f}" for rows, ratio in sorted(chosen["kernel_vs_blas"].items(),
+                                                                            key=lambda item: int(item[0])))
+        print(f"rows kernel / {chosen_name} over a step's products, per row count (median of paired calls; "
+              f"the kernel takes counts under {chosen['kernel_win_ratio']}): {by_rows}")
     print()
     if "breakdown" in chosen:
         print_breakdown(chosen["breakdown"])

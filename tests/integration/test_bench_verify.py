@@ -24,6 +24,12 @@ def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, caps
     for width in (1, 4):  # the compiled layers against the path under them, paired per repeat
         assert any(re.match(rf"width {width}: \+ compiled layers / .*: K=0 \d+\.\d+ K=1 \d+\.\d+ K=2 \d+\.\d+$", line)
                    for line in out)
+    from kernels import rows_matmul
+
+    if rows_matmul.available():  # the kernel's time over the BLAS's at every row count it could take
+        found = [line for line in out if line.startswith("rows kernel / ")]
+        assert found and [int(cell.split(":")[0]) for cell in found[0].split("): ")[1].split()] == \
+            list(range(1, rows_matmul.load().MAX_ROWS + 1))
     assert any(line.startswith("breakdown,") for line in out)
     assert any(line.strip().startswith("lm head") for line in out)
 
