@@ -121,8 +121,8 @@ def openai_client(url: str):
     return openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=600.0, max_retries=0)
 
 
-def ask(client, prompt: str, max_tokens: int, disable_mtp: bool) -> Answer:
-    extra = {"disable_mtp": True} if disable_mtp else None
+def ask(client, prompt: str, max_tokens: int, disable_mtp: bool, fields: dict | None = None) -> Answer:
+    extra = (fields or {}) | ({"disable_mtp": True} if disable_mtp else {}) or None
     started = time.perf_counter()
     resp = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
                                           max_tokens=max_tokens, temperature=0, stream=False, extra_body=extra)
@@ -131,10 +131,11 @@ def ask(client, prompt: str, max_tokens: int, disable_mtp: bool) -> Answer:
     return Answer(seconds, resp.usage.completion_tokens, resp.choices[0].message.content or "", dict(receipt))
 
 
-def ask_all(pool: ThreadPoolExecutor, client, prompts: list[str], max_tokens: int, disable_mtp: bool) -> Batch:
+def ask_all(pool: ThreadPoolExecutor, client, prompts: list[str], max_tokens: int, disable_mtp: bool,
+            fields: dict | None = None) -> Batch:
     """Every prompt at once, one pool thread each; the group's wall time covers them all."""
     started = time.perf_counter()
-    futures = [pool.submit(ask, client, p, max_tokens, disable_mtp) for p in prompts]
+    futures = [pool.submit(ask, client, p, max_tokens, disable_mtp, fields) for p in prompts]
     answers = tuple(f.result() for f in futures)
     return Batch(time.perf_counter() - started, answers)
 

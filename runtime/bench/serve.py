@@ -9,7 +9,8 @@ goes to every run's legs back to back, in an order rotated from one prompt to th
 slow spell of this shared machine hits every run alike and each ratio compares times taken
 within seconds of each other. Runs:
 - served: the default settings. Every prompt is sent once with speculation and once with
-  `disable_mtp`.
+  `disable_mtp`. With --objectives, also one run per other objective named (`served:latency`,
+  `served:energy`): the same server settings, its requests carrying that `objective` field.
 - foreign: the same, with `--machine-id` set to another machine, so the shipped calibration table
   does not count as measured here (what a user on a new machine gets). Skipped, with a note, where
   `metrale serve` has no --machine-id.
@@ -75,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sets", default="chat,code")
     p.add_argument("--fixed-k", default="1,2,3,4", help="K of the fixed-depth runs; empty: none")
     p.add_argument("--skip-foreign", action="store_true")
+    p.add_argument("--objectives", default="balanced", type=_objectives,
+                   help="request objectives of the served runs (comma list; balanced is the default run)")
     p.add_argument("--scheduler-mode", choices=("serial", "mtp_batch"), help="passed to every server")
     p.add_argument("--clients", type=int, default=1,
                    help="concurrent requests per group (pair with --scheduler-mode mtp_batch and "
@@ -84,6 +87,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _objectives(text: str) -> str:
+    from runtime.plan import OBJECTIVES
+
+    unknown = [o for o in text.split(",") if o.strip() and o.strip() not in OBJECTIVES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown objective(s) {unknown}; choose from {list(OBJECTIVES)}")
+    return text
+
+
 def plan(args) -> list[tuple[str, list[str]]]:
     """(run name, server flags), in the order they run."""
     from runtime.bench._served import serve_accepts
@@ -91,6 +103,7 @@ def plan(args) -> list[tuple[str, list[str]]]:
     common = ["--scheduler-mode", args.scheduler_mode] if args.scheduler_mode else []
     tail = shlex.split(args.extra_serve_args)
     runs = [("served", common + tail)]
+    runs += [(f"served:{o}", common + tail) for o in args.objectives.split(",") if o.strip() not in ("", "balanced")]
     if not args.skip_foreign:
         if serve_accepts("--machine-id"):
             runs.append(("foreign", common + ["--machine-id", FOREIGN_MACHINE] + tail))
@@ -149,9 +162,15 @@ def drive(pool, clients: dict, legs: list[tuple[str, bool]], texts: list[str], a
     rounds = []
     for i, start in enumerate(range(0, len(texts), args.clients)):
         group, shift = texts[start:start + args.clients], (i + offset) % len(legs)
-        rounds.append({(name, off): ask_all(pool, clients[name][1], group, args.max_tokens, disable_mtp=off)
+        rounds.append({(name, off): ask_all(pool, clients[name][1], group, args.max_tokens, disable_mtp=off,
+                                            fields=request_fields(name))
                        for name, off in legs[shift:] + legs[:shift]})
     return rounds
+
+
+def request_fields(run: str) -> dict:
+    """The extra request fields of a run's requests: a `served:X` run asks for objective X."""
+    return {"objective": run.split(":", 1)[1]} if run.startswith("served:") else {}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def test_receipts_sum_by_position():
 
 
 def test_bench_serve_runs_served_and_fixed_k_with_identical_outputs(model_dir, capsys):
-    argv = ["--prompts", "2", "--max-tokens", "8", "--fixed-k", "1", "--skip-foreign", "--sets", "chat"]
+    argv = ["--prompts", "2", "--max-tokens", "8", "--fixed-k", "1", "--skip-foreign", "--sets", "chat",
+            "--objectives", "balanced,latency"]
     assert serve.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     keys = dict(kv.split("=") for kv in out[-1].split())
@@ -35,5 +36,14 @@ def test_bench_serve_runs_served_and_fixed_k_with_identical_outputs(model_dir, c
     assert float(keys["served_speedup_chat"]) > 0 and keys["served_speedup_code"] == "nan"
     assert float(keys["served_vs_best_fixed_min"]) > 0
     assert keys["identical"] == "1"
-    for run in ("served", "K=1"):
+    for run in ("served", "served:latency", "K=1"):
         assert any(re.match(rf"\s*{re.escape(run)}\s+\d+\s", line) for line in out), run
+
+
+def test_objective_runs_ask_for_their_objective_and_unknown_ones_are_refused():
+    assert serve.request_fields("served:energy") == {"objective": "energy"}
+    assert serve.request_fields("served") == {} and serve.request_fields("K=2") == {}
+    import pytest
+
+    with pytest.raises(SystemExit):
+        serve._parser().parse_args(["--objectives", "balanced,fastest"])
