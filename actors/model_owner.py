@@ -103,7 +103,7 @@ class ModelOwner(Actor):
                       compiled=self.compiled_layers)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
-                                              spec.mtp_head, self.rows_kernel)
+                                              spec.mtp_head, self.rows_kernel, self.compiled_layers)
         from kernels.prompt_store import PromptStore
 
         share = loaded.layout[1] if loaded.layout else 1

@@ -23,9 +23,11 @@ import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache
 from mlx_lm.models.llama import TransformerBlock
 
 from kernels import rows_matmul
+from kernels.mtp_head import MTPBlock
 
 MAX_ROWS = 16  # rows per sequence a compiled step takes; more (a prefill chunk) runs the stock layer
 
@@ -35,23 +37,45 @@ class CompiledBlock(TransformerBlock):
     class of each layer in place, so its parameters, names and checkpoints are unchanged)."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        offset = getattr(cache, "offset", None)
-        offset = mx.array(offset) if isinstance(offset, int) else offset
-        if not isinstance(offset, mx.array) or x.shape[1] > MAX_ROWS:  # no cache, a tree's positions, a prefill
+        offset = _offset(x, cache)
+        if offset is None:  # no cache, a tree's positions, a prefill
             return super().__call__(x, mask, cache)
-        before, after = self._graphs()
-        queries, keys, values = before(x, offset)
-        keys, values = cache.update_and_fetch(keys, values)
-        attn = self.self_attn
-        output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
-        return after(x, output)
+        return _around_cache(self, x, offset, mask, cache)
 
-    def _graphs(self):
-        graphs = getattr(self, "_compiled", None)
-        if graphs is None or graphs[0] != rows_matmul.swaps:
-            graphs = (rows_matmul.swaps, *_trace(self))
-            object.__setattr__(self, "_compiled", graphs)  # a plain attribute: not a parameter
-        return graphs[1:]
+
+class CompiledMTPBlock(MTPBlock):
+    """An MTP head's block (kernels/mtp_head.py, the same parameter names) compiled the same way for
+    serving drafts; training's stand-in cache and gated or qk-normed attention run it stock."""
+
+    def __call__(self, x: mx.array, mask, cache) -> mx.array:
+        attn = self.self_attn
+        offset = _offset(x, cache) if type(cache) is KVCache and not attn.gated and "q_norm" not in attn else None
+        if offset is None:
+            return super().__call__(x, mask, cache)
+        return _around_cache(self, x, offset, mask, cache)
+
+
+def _offset(x: mx.array, cache) -> mx.array | None:
+    """The cache's offset as an array, or None where the stock layer must run."""
+    offset = getattr(cache, "offset", None)
+    offset = mx.array(offset) if isinstance(offset, int) else offset
+    return offset if isinstance(offset, mx.array) and x.shape[1] <= MAX_ROWS else None
+
+
+def _around_cache(block, x: mx.array, offset: mx.array, mask, cache) -> mx.array:
+    before, after = _graphs(block)
+    queries, keys, values = before(x, offset)
+    keys, values = cache.update_and_fetch(keys, values)
+    output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=block.self_attn.scale, mask=mask)
+    return after(x, output)
+
+
+def _graphs(block):
+    graphs = getattr(block, "_compiled", None)
+    if graphs is None or graphs[0] != rows_matmul.swaps:
+        graphs = (rows_matmul.swaps, *_trace(block))
+        object.__setattr__(block, "_compiled", graphs)  # a plain attribute: not a parameter
+    return graphs[1:]
 
 
 def _trace(block: TransformerBlock):
@@ -80,6 +104,17 @@ def install(model: nn.Module) -> int:
     for layer in layers:
         if type(layer) in (TransformerBlock, CompiledBlock):
             layer.__class__ = CompiledBlock
+            object.__setattr__(layer, "_compiled", None)
+            swapped += 1
+    return swapped
+
+
+def install_head(head: nn.Module) -> int:
+    """Compile an MTP head's blocks for serving (its weights fixed from here on); how many."""
+    swapped = 0
+    for layer in getattr(head, "layers", None) or []:
+        if type(layer) in (MTPBlock, CompiledMTPBlock):
+            layer.__class__ = CompiledMTPBlock
             object.__setattr__(layer, "_compiled", None)
             swapped += 1
     return swapped

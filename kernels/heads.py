@@ -82,8 +82,9 @@ def find_mtp_head(model_dir: Path, explicit: str | None = None) -> Path | None:
 
 
 def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, mtp_head: str | None,
-                  rows_kernel: bool = True):
-    """(resolved kind, engine-side drafter or None). n-gram and none need nothing on the owner."""
+                  rows_kernel: bool = True, compiled: bool = True):
+    """(resolved kind, engine-side drafter or None). n-gram and none need nothing on the owner.
+    compiled: an MTP head's block runs as compiled graphs, as the target's layers do (--compiled-layers)."""
     from kernels.loader import use_rows_kernel
 
     path = find_mtp_head(model_dir, mtp_head) if kind in ("auto", "mtp") else None
@@ -97,6 +98,10 @@ def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, m
             raise FileNotFoundError(f"--drafter mtp: no MTP head fits {model_dir} (give --mtp-head PATH)")
         head = load_mtp_head(path)
         use_rows_kernel(head, rows_kernel)  # K head forwards of one row per draft
+        if compiled:
+            from kernels import compiled_blocks
+
+            compiled_blocks.install_head(head)
         return kind, MtpDrafter(head, target)
     if kind == "draft-model":
         from kernels.drafters import DraftModelDrafter

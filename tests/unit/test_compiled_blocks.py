@@ -74,3 +74,29 @@ def test_the_default_models_weights_give_the_stock_logits():
     for step in (mx.array([[1, 504, 3458, 314, 2]]), mx.array([[28]]), mx.array([[11, 905, 42, 7]])):
         mine, want = served.model(step, cache=caches[0]), stock.model(step, cache=caches[1])
         assert mx.array_equal(mine, want).item()
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=4),
+       st.booleans())
+def test_a_compiled_mtp_head_block_gives_the_stock_outputs(seed, steps, gated):
+    from kernels.mtp_head import MTPBlock, MTPConfig, MTPHead
+
+    def head():
+        mx.random.seed(seed)
+        return MTPHead(MTPConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=64, gated_attention=gated))
+
+    stock, mine = head(), head()
+    assert compiled_blocks.install_head(mine) == 1
+    target = tiny_llama(seed=seed, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    embed, norm = target.model.embed_tokens, target.model.norm
+    caches = stock.make_cache(), mine.make_cache()
+    for rows in [9] + steps:  # the first feed is more than a draft's pairs: it takes the stock path too
+        hidden = mx.random.normal((1, rows, 32), key=mx.random.key(seed + rows))
+        tokens = mx.array([[(seed + r) % 90 + 2 for r in range(rows)]])
+        want = stock.forward(hidden, tokens, embed, norm, caches[0])
+        assert mx.array_equal(mine.forward(hidden, tokens, embed, norm, caches[1]), want).item()
+    assert type(mine.layers[0]) is compiled_blocks.CompiledMTPBlock and type(stock.layers[0]) is MTPBlock
+    assert (mine.layers[0]._compiled is None) == gated  # a gated attention always runs stock
+
