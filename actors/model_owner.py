@@ -13,6 +13,7 @@ Replies hold plain Python values, never an mx.array. A failed command fails only
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,7 +122,9 @@ class ModelOwner(Actor):
     async def teardown(self) -> None:
         if self.engine is not None:
             await self.on_thread(self.engine.close)
+        thread_id = await self.on_thread(threading.get_native_id)
         self._thread.shutdown(wait=True, cancel_futures=True)
+        await thread_gone(thread_id)
 
     async def handle(self, msg: OwnerCommand | Describe) -> Any:
         match msg:
@@ -323,3 +326,13 @@ class ModelOwner(Actor):
 
 def _scope(params) -> str | None:
     return cache_scope(params.cache_prompt, params.cache_salt, not params.disable_mtp)
+
+
+async def thread_gone(native_id: int, limit_s: float = 2.0) -> None:
+    """Wait until the OS thread has ended, not only its Python part: its exit frees MLX's
+    thread-local compile cache, which takes the GIL; were the interpreter finalizing by then (a
+    command exiting right after its last system stopped), the process would abort. Linux only."""
+    task = Path(f"/proc/self/task/{native_id}")
+    deadline = time.monotonic() + limit_s
+    while task.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)

@@ -35,3 +35,17 @@ def test_prompt_sets_are_the_mixed_eight_or_a_held_out_set():
     code = batch.prompt_texts("code")
     assert len(code) > 8 and all(isinstance(p, str) and p for p in code)
     assert not set(code) & set(batch.prompt_texts("chat"))
+
+
+def test_the_command_exits_cleanly_after_its_last_system_stops(model_dir):
+    # Its model owners' threads end right before the interpreter does: each must be gone first (its
+    # exit frees MLX's thread-local compile cache under the GIL), or the process aborts (exit 134).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "batch", "--rounds", "1", "--widths", "1",
+                           "--max-tokens", "8"], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
