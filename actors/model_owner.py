@@ -44,7 +44,8 @@ class ModelOwner(Actor):
         self.batched = batched  # mtp_batch: decoding sequences share one batch cache
         self.rows_kernel = rows_kernel
         self.compiled_layers = compiled_layers
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner", initializer=self._started)
+        self._native_id: int | None = None  # the owner thread's, once it runs (teardown waits for its end)
         self.engine = None
         self.info: ModelInfo | None = None
         self.timer = None  # the self-calibration's probes, built on its first TimeCell
@@ -122,9 +123,12 @@ class ModelOwner(Actor):
     async def teardown(self) -> None:
         if self.engine is not None:
             await self.on_thread(self.engine.close)
-        thread_id = await self.on_thread(threading.get_native_id)
         self._thread.shutdown(wait=True, cancel_futures=True)
-        await thread_gone(thread_id)
+        if self._native_id is not None:
+            await thread_gone(self._native_id)
+
+    def _started(self) -> None:
+        self._native_id = threading.get_native_id()
 
     async def handle(self, msg: OwnerCommand | Describe) -> Any:
         match msg:

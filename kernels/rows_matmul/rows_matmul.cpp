@@ -114,33 +114,29 @@ inline void panel(const float* x, const float* w, float* y, int N, int K, int n)
   for (int j = 0; j < kPanel; j += WR) block<XR, WR>(x, w, y, N, K, n + j);
 }
 
-// One weight row against every x-row (the rows left after the last whole panel).
-inline void single_row(const float* x, const float* w, float* y, int M, int N, int K, int n) {
+// fn.template operator()<XR>(x rows, y rows) for each group of x-rows: fours, then the 1-3 left.
+template <typename Fn>
+inline void by_row_groups(const float* x, float* y, int M, int N, int K, Fn fn) {
   int r = 0;
-  for (; r + 4 <= M; r += 4) block<4, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n);
+  for (; r + 4 <= M; r += 4) fn.template operator()<4>(x + (size_t)r * K, y + (size_t)r * N);
+  const float* xr = x + (size_t)r * K;
+  float* yr = y + (size_t)r * N;
   switch (M - r) {
-    case 3: block<3, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-    case 2: block<2, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-    case 1: block<1, 1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
+    case 3: fn.template operator()<3>(xr, yr); break;
+    case 2: fn.template operator()<2>(xr, yr); break;
+    case 1: fn.template operator()<1>(xr, yr); break;
     default: break;
   }
 }
 
-// Every output's sum runs in the same order whatever block computes it: a row's bits never depend
-// on how many rows came with it.
+// Whole panels, then one weight row at a time for the rest. Every output's sum runs in the same
+// order whatever block computes it: a row's bits never depend on how many rows came with it.
 void span(const float* x, const float* w, float* y, int M, int N, int K, int n0, int n1) {
   int n = n0;
-  for (; n + kPanel <= n1; n += kPanel) {
-    int r = 0;
-    for (; r + 4 <= M; r += 4) panel<4>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n);
-    switch (M - r) {
-      case 3: panel<3>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-      case 2: panel<2>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-      case 1: panel<1>(x + (size_t)r * K, w, y + (size_t)r * N, N, K, n); break;
-      default: break;
-    }
-  }
-  for (; n < n1; ++n) single_row(x, w, y, M, N, K, n);
+  for (; n + kPanel <= n1; n += kPanel)
+    by_row_groups(x, y, M, N, K, [&]<int XR>(const float* xr, float* yr) { panel<XR>(xr, w, yr, N, K, n); });
+  for (; n < n1; ++n)
+    by_row_groups(x, y, M, N, K, [&]<int XR>(const float* xr, float* yr) { block<XR, 1>(xr, w, yr, N, K, n); });
 }
 
 // Helper threads that share one product's weight rows in chunks claimed one at a time, so a helper the

@@ -87,13 +87,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _objectives(text: str) -> str:
+def _objectives(text: str) -> tuple[str, ...]:
     from runtime.plan import OBJECTIVES
 
-    unknown = [o for o in text.split(",") if o.strip() and o.strip() not in OBJECTIVES]
+    named = tuple(o.strip() for o in text.split(",") if o.strip())
+    unknown = [o for o in named if o not in OBJECTIVES]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown objective(s) {unknown}; choose from {list(OBJECTIVES)}")
-    return text
+    return named
 
 
 def plan(args) -> list[tuple[str, list[str]]]:
@@ -103,7 +104,7 @@ def plan(args) -> list[tuple[str, list[str]]]:
     common = ["--scheduler-mode", args.scheduler_mode] if args.scheduler_mode else []
     tail = shlex.split(args.extra_serve_args)
     runs = [("served", common + tail)]
-    runs += [(f"served:{o}", common + tail) for o in args.objectives.split(",") if o.strip() not in ("", "balanced")]
+    runs += [(f"served:{o}", common + tail) for o in args.objectives if o != "balanced"]
     if not args.skip_foreign:
         if serve_accepts("--machine-id"):
             runs.append(("foreign", common + ["--machine-id", FOREIGN_MACHINE] + tail))
