@@ -15,10 +15,15 @@ The machine's speed also drifts faster than a cell can follow: on a shared 2-cor
 ran 47 ms in one minute and 70 ms in the next. A cell measured only now and then (a depth the planner
 rarely picks) would be compared with a plain cell measured at another speed, and their ratio, which
 is all the planner's choice reads, would carry that drift. So a common `tempo` (a fast average of
-what the cells do not explain, over ~TEMPO_MEMORY verify steps) takes the drift; cells learn what
-remains, and every cell the planner reads (and the saved table) is scaled by the same tempo. Simulated
-(tests/unit/test_online_estimators.py): a 1.4x slow-down after a cell was last measured biased its
-ratio to plain decode by 27% without the tempo, by ~1% with it.
+what the plain cells do not explain, over ~TEMPO_MEMORY plain steps) takes the drift; cells learn
+what remains, and every cell the planner reads (and the saved table) is scaled by the same tempo.
+Simulated (tests/unit/test_online_estimators.py): a 1.4x slow-down after a cell was last measured
+biased its ratio to plain decode by 27% without the tempo, by ~1% with it. Only plain steps move
+the tempo: speculative steps come in spells, and a tempo that followed them explained most of a
+spell's cost away as the machine's speed, so a speculative cell learned a quarter of its error per
+spell (on a 2-core AMD EPYC a depth-1 step was read as 1.19-1.27x a plain step while served spells
+ran at 1.45x, and chat speculated where it lost). Drift during a spell goes into that spell's cell,
+at 1/64 a step.
 
 Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 """
@@ -43,7 +48,7 @@ Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cel
 # The planner's tables are rebuilt after this many observations, not after each: a rebuild prices
 # every cell (0.7 ms of the actors' time a step at width 4), and one step moves a cell by ~1/64.
 REBUILD_EVERY = 8
-# Verify steps over which the common speed follows the machine: the faster it follows, the less of a
+# Plain steps over which the common speed follows the machine: the faster it follows, the less of a
 # change the cells take in before it does (a cell's own memory is MEMORY steps).
 TEMPO_MEMORY = 4
 TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
@@ -98,7 +103,7 @@ class OnlineCostModel:
             if not (value > 0 and base > 0 and math.isfinite(value)):
                 continue
             x = math.log(value / base)
-            if kind == "verify":  # the bulk of a step's time, and measured every step: it sets the tempo
+            if kind == "verify" and depth == 0:  # plain decode, the reference every ratio is read against
                 self._follow_tempo(unit, x - self._shape(kind, unit, width, depth))
             x -= self.tempo[unit]
             for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
