@@ -112,7 +112,7 @@ def header_from_config(config, model: str, drafter: str) -> TraceHeader:
 # --- capture (called inside the scheduler) --------------------------------------------------------
 def consult(policy, batch, choice, context_depth: int) -> Consulted:
     """What the policy's decision for this batch read, taken before the step runs."""
-    eligible = tuple(policy.enabled and policy.eligible(s) for s in batch)
+    eligible = tuple(policy.eligible_rows(batch))
     capped = len(batch) > policy.mtp_max_seqs
     decider = "controller" if policy.controller is not None else "gate" if policy.gate is not None \
         else policy.setting.value

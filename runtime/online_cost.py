@@ -1,10 +1,15 @@
 """The online cost model: every served step corrects the planner's cost table (runtime/cost_table.py).
 
 A prior table (this machine's, another machine's, or a short self-calibration) gives each cell's
-shape; served steps give its scale here. What is learned is the log-ratio of measured to prior cost,
-at three levels each shrunk toward the one above by its count: the whole kind (verify or draft),
-one batch width, one (width, depth) cell. So on a machine twice as fast as the prior's, a hundred
-plain steps halve every cell, and the cells that were measured themselves follow their own figures.
+shape; served steps give its scale here. Plain decode, measured at nearly every step, is the
+reference: its log-ratio of measured to prior cost is learned over all widths and per width (each
+shrunk toward the one above by its count). A speculative cell (verify at depth >= 1, a draft)
+learns its cost relative to plain decode's estimate at the time of its step, beyond the prior's own
+ratio between the two, at three levels: the whole kind, one batch width, one (width, depth) cell.
+Its cost is read as plain decode's now times that ratio. So on a machine twice as fast as the
+prior's, a hundred plain steps halve every cell, the cells that were measured themselves follow
+their own ratio to plain, and what the planner reads, a depth's cost over plain decode's, is the
+one measured.
 
 Each level is a `RobustEstimate`: a centre, a spread (mean absolute residual) and a count. A
 residual is clipped to CLIP spreads before it moves the centre, so one outlier (a GC pause, a page
@@ -12,18 +17,16 @@ fault) moves a cell by at most CLIP * spread / (count + 1) and never far. Past M
 the centre becomes an exponential average, so a cell follows a machine whose speed drifts.
 
 The machine's speed also drifts faster than a cell can follow: on a shared 2-core VM the plain step
-ran 47 ms in one minute and 70 ms in the next. A cell measured only now and then (a depth the planner
-rarely picks) would be compared with a plain cell measured at another speed, and their ratio, which
-is all the planner's choice reads, would carry that drift. So a common `tempo` (a fast average of
-what the plain cells do not explain, over ~TEMPO_MEMORY plain steps) takes the drift; cells learn
-what remains, and every cell the planner reads (and the saved table) is scaled by the same tempo.
-Simulated (tests/unit/test_online_estimators.py): a 1.4x slow-down after a cell was last measured
-biased its ratio to plain decode by 27% without the tempo, by ~1% with it. Only plain steps move
-the tempo: speculative steps come in spells, and a tempo that followed them explained most of a
-spell's cost away as the machine's speed, so a speculative cell learned a quarter of its error per
-spell (on a 2-core AMD EPYC a depth-1 step was read as 1.19-1.27x a plain step while served spells
-ran at 1.45x, and chat speculated where it lost). Drift during a spell goes into that spell's cell,
-at 1/64 a step.
+ran 47 ms in one minute and 70 ms in the next. So plain decode's estimate is read at a common
+`tempo` (a fast average, over ~TEMPO_MEMORY plain steps, of what the plain cells do not explain),
+and a speculative cell is compared with plain decode at its own step's tempo: a 1.4x slow-down after
+a cell was last measured biased its ratio to plain by 27% without the tempo, by ~1% with it
+(tests/unit/test_online_estimators.py). Only plain steps move the tempo, and speculative cells learn
+a ratio, not a level: speculative steps come in spells, and when every verify step moved the tempo
+and every cell learned its level under it, the tempo explained a spell's cost away as the machine's
+speed and a cell kept its prior's ratio to plain (on a 2-core AMD EPYC the live table read a depth-1
+step as 1.13-1.29x a plain step while served spells ran at 1.57x, and chat speculated where it
+lost). Drift during a long spell goes into that spell's cell, at 1/64 a step.
 
 Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 """
@@ -51,6 +54,7 @@ REBUILD_EVERY = 8
 # Plain steps over which the common speed follows the machine: the faster it follows, the less of a
 # change the cells take in before it does (a cell's own memory is MEMORY steps).
 TEMPO_MEMORY = 4
+PLAIN_FIRST = 4  # plain steps measured before any speculative one: the reference they are learned against
 TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
 
 
@@ -103,27 +107,43 @@ class OnlineCostModel:
             if not (value > 0 and base > 0 and math.isfinite(value)):
                 continue
             x = math.log(value / base)
-            if kind == "verify" and depth == 0:  # plain decode, the reference every ratio is read against
-                self._follow_tempo(unit, x - self._shape(kind, unit, width, depth))
-            x -= self.tempo[unit]
-            for key in ((kind, unit), (kind, unit, width), (kind, unit, width, depth)):
+            if _plain(kind, depth):  # the reference: it sets the tempo, and its cells learn what remains
+                self._follow_tempo(unit, x - self._plain_shape(unit, width))
+                x -= self.tempo[unit]
+            else:  # a speculative cell learns its cost relative to plain decode's at the time
+                x -= self._plain_shift(unit, width)
+            for key in _levels_of(kind, unit, width, depth):
                 self._levels.setdefault(key, RobustEstimate()).update(x)
         self.observations += 1
         self._unpriced += 1
         if self._unpriced >= REBUILD_EVERY or self.observations <= REBUILD_EVERY:  # the first ones move cells most
             self._table = self._optimistic = None
 
+    def plain_measured(self) -> bool:
+        """Whether plain decode, the reference of every speculative cell, has been measured here."""
+        plain = self._levels.get(("plain", "ms"))
+        return plain is not None and plain.count >= PLAIN_FIRST
+
     def _follow_tempo(self, unit: str, residual: float) -> None:
-        """Move the tempo toward what the observed cell's estimate does not explain (clipped)."""
+        """Move the tempo toward what the plain cell's estimate does not explain (clipped)."""
         tempo = self.tempo[unit]
         self.tempo[unit] = tempo + min(TEMPO_CLIP, max(-TEMPO_CLIP, residual - tempo)) / TEMPO_MEMORY
 
     def ratio(self, kind: Kind, unit: str, width: int, depth: int) -> float:
         """Measured over prior cost at this cell, at the machine's speed now (1.0 before anything is measured)."""
-        return math.exp(self._shape(kind, unit, width, depth) + self.tempo[unit])
+        if _plain(kind, depth):
+            return math.exp(self._plain_shift(unit, width))
+        return math.exp(self._plain_shift(unit, width) + self._shape(kind, unit, width, depth))
+
+    def _plain_shift(self, unit: str, width: int) -> float:
+        """Log of plain decode's measured over prior cost at this width, now."""
+        return self._plain_shape(unit, width) + self.tempo[unit]
+
+    def _plain_shape(self, unit: str, width: int) -> float:
+        return shrunk(self._levels.get(("verify", unit, width, 0)), shrunk(self._levels.get(("plain", unit)), 0.0))
 
     def _shape(self, kind: Kind, unit: str, width: int, depth: int) -> float:
-        """The cell's log-ratio to the prior with the tempo apart: what the cells learn."""
+        """A speculative cell's log-ratio to the prior beyond plain decode's: what its steps teach."""
         top = shrunk(self._levels.get((kind, unit)), 0.0)
         mid = shrunk(self._levels.get((kind, unit, width)), top)
         return shrunk(self._levels.get((kind, unit, width, depth)), mid)
@@ -194,9 +214,21 @@ class OnlineCostModel:
         return out
 
     def snapshot(self) -> dict:
-        top = self._levels.get(("verify", "ms"))
+        top = self._levels.get(("plain", "ms"))
         return {"prior_source": self.source, "prior_machine": self.prior.meta.machine,
                 "observations": self.observations,
                 "scale_to_prior": round(math.exp(top.centre), 4) if top and top.count else None,
                 "tempo": round(math.exp(self.tempo["ms"]), 4),
                 "cells": self.cells()}
+
+
+def _plain(kind: Kind, depth: int) -> bool:
+    return kind == "verify" and depth == 0
+
+
+def _levels_of(kind: Kind, unit: str, width: int, depth: int) -> tuple[tuple, ...]:
+    """The estimates one observation updates: plain decode's over all widths and at its width; a
+    speculative kind's over all cells, at its width and its own cell."""
+    if _plain(kind, depth):
+        return ("plain", unit), ("verify", unit, width, 0)
+    return (kind, unit), (kind, unit, width), (kind, unit, width, depth)

@@ -77,7 +77,7 @@ class SpeculationPolicy:
         ahead: a plain step is already computing (lookahead, started because next_is_plain said so),
         so this step is that plain step: drafting now would drop it, a whole forward lost (it was the
         dearest part of every speculative spell's first step). A change of mind waits one step."""
-        eligible = [self.enabled and self.eligible(s) for s in batch]
+        eligible = self.eligible_rows(batch)
         plain = StepChoice(GateStep.PLAIN, (0,) * len(batch))
         planned, self.planned, self.read = self.planned, None, None
         self.explore_allowed = self.continuing = False
@@ -125,11 +125,18 @@ class SpeculationPolicy:
                                  row_budget=len(counts) * self.k, known_drafts=counts)
         return [min(d, c) for d, c in zip(depths, counts)]
 
+    def eligible_rows(self, batch) -> list[bool]:
+        """Which sequences may draft this step. None until the controller has measured plain decode
+        (its first few plain steps): every speculative cell is learned as a ratio to it, and one
+        measured before it would be read against the prior's plain cost, another machine's maybe."""
+        ready = self.enabled and (self.controller is None or self.controller.costs.plain_measured())
+        return [ready and self.eligible(s) for s in batch]
+
     def next_is_plain(self, batch) -> bool:
         """Whether the next step will be plain, so the owner may start it now (lookahead). With the
         controller this is the next step's decision, made once: deciding again a step later flipped
         about one transition in ten, each a cold plain step or a dropped lookahead (a whole forward)."""
-        eligible = [self.enabled and self.eligible(s) for s in batch]
+        eligible = self.eligible_rows(batch)
         if not any(eligible) or len(batch) > self.mtp_max_seqs:
             return True
         if self.controller is not None:  # the controller decides here, once: the next step runs this plan

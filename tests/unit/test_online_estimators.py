@@ -241,9 +241,10 @@ def test_a_change_of_the_machines_speed_does_not_bias_a_cell_measured_before_it(
 def test_a_depth_drafted_in_spells_learns_its_ratio_to_plain_decode(ratio, spell, seed):
     """Speculative steps come in spells between runs of plain ones. The prior's shape (here a depth-1
     step at 1.125x plain) is off; what the planner reads, a depth-1 step over a plain one, must near
-    the measured ratio within a dozen spells. When the tempo followed every verify step it explained
-    most of each spell's cost away as the machine's speed: 7-16% low at 1.45-2.0x, against 0-5% (what
-    is left: a cell leans on its width's level for its first few dozen steps)."""
+    the measured ratio within a dozen spells. When the tempo followed every verify step and every cell
+    learned its level under it, the tempo explained each spell's cost away as the machine's speed:
+    7-16% low at 1.45-2.0x. Learned as a ratio to plain decode at its step's tempo: within 3% at any
+    ratio (the noise of ~100 steps)."""
     rng = random.Random(seed)
     costs = OnlineCostModel(prior_table(verify=(80, 90, 100, 110, 120)), "test")
     for _ in range(12):
@@ -252,4 +253,4 @@ def test_a_depth_drafted_in_spells_learns_its_ratio_to_plain_decode(ratio, spell
         for _ in range(spell):
             costs.observe("verify", 1, 1, 35.0 * ratio * math.exp(rng.gauss(0.0, 0.08)), 0.7 * ratio)
     table = costs.learned_table(META)
-    assert abs(table.verify_cost(1, 1).ms / table.verify_cost(1, 0).ms / ratio - 1) < 0.06
+    assert abs(table.verify_cost(1, 1).ms / table.verify_cost(1, 0).ms / ratio - 1) < 0.05

@@ -8,7 +8,7 @@ from runtime.gate import GateStep
 from runtime.messages import SamplingParams
 from runtime.config import load_config, override, with_environment
 from runtime.controller import OnlineController
-from runtime.online_cost import OnlineCostModel
+from runtime.online_cost import PLAIN_FIRST, OnlineCostModel
 from runtime.speculation import SpeculationPolicy
 
 
@@ -89,8 +89,11 @@ def _table(verify_ms, acceptance):
 
 
 def controlled(setting, table, **kw):
-    controller = OnlineController(OnlineCostModel(table, "test"), max_k=3, slack=0.1,
-                                  mtp_max_seqs=kw.get("mtp_max_seqs", 32))
+    costs = OnlineCostModel(table, "test")
+    plain = table.verify_cost(1, 0)
+    for _ in range(PLAIN_FIRST):  # plain decode measured at the prior's cost: the reference is in, nothing moved
+        costs.observe("verify", 1, 0, plain.ms, plain.joules)
+    controller = OnlineController(costs, max_k=3, slack=0.1, mtp_max_seqs=kw.get("mtp_max_seqs", 32))
     return SpeculationPolicy("ngram", 3, setting, controller=controller, **kw)
 
 
@@ -135,3 +138,15 @@ def test_suppress_tool_call_keeps_a_sequence_inside_a_call_plain():
     suppressing = SpeculationPolicy("ngram", 3, "force", suppress_tool_call=True)
     assert not suppressing.eligible(inside) and suppressing.eligible(outside)
     assert SpeculationPolicy("ngram", 3, "force").eligible(inside)  # off by default
+
+
+def test_no_sequence_drafts_before_plain_decode_is_measured():
+    """Speculative cells are learned as ratios to plain decode: until a few plain steps are measured,
+    every step is plain (a first spell would be read against the prior's plain cost)."""
+    table = _table([10, 11, 12, 13], 0.9)
+    controller = OnlineController(OnlineCostModel(table, "test"), max_k=3, slack=0.1, mtp_max_seqs=32)
+    policy = SpeculationPolicy("ngram", 3, "auto", controller=controller)
+    for _ in range(PLAIN_FIRST):
+        assert policy.choose([seq(100)], 10).step is GateStep.PLAIN
+        controller.costs.observe("verify", 1, 0, 10.0, 0.1)
+    assert policy.choose([seq(100)], 10).step is GateStep.MTP
