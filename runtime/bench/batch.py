@@ -161,8 +161,8 @@ def plot(points: list[tuple], last: str, path: str) -> None:
 async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps: Counter):
     from runtime.bench.serving import stream_clients
 
-    if name == "batchgen":
-        return batchgen.run(ids, max_tokens)
+    if name == "batchgen":  # on a worker thread: its compiled graphs must be freed before the interpreter ends
+        return await asyncio.to_thread(batchgen.run, ids, max_tokens)
     before = Counter(await _steps_by_kind(server))
     timing = await stream_clients(server.url, prompts, max_tokens, disable_mtp=name != "mtp_batch_on")
     if name == "mtp_batch_on":
