@@ -54,8 +54,8 @@ REBUILD_EVERY = 8
 # Plain steps over which the common speed follows the machine: the faster it follows, the less of a
 # change the cells take in before it does (a cell's own memory is MEMORY steps).
 TEMPO_MEMORY = 4
-PLAIN_FIRST = 4  # plain steps measured before any speculative one: the reference they are learned against
 TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
+PLAIN_FIRST = 4  # plain steps measured before any speculative one: the reference they are learned against
 
 
 class RobustEstimate(msgspec.Struct, kw_only=True):
