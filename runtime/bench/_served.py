@@ -108,10 +108,23 @@ class Batch:
 
     seconds: float
     answers: tuple[Answer, ...]
+    others: tuple[Answer, ...] = ()  # the other repeats' answers (fastest() keeps them for identity checks)
 
     @property
     def tokens(self) -> int:
         return sum(a.tokens for a in self.answers)
+
+    @property
+    def every_answer(self) -> tuple[Answer, ...]:
+        """This batch's answers, then each other repeat's, prompt order within each."""
+        return self.answers + self.others
+
+
+def fastest(tries: list[Batch]) -> Batch:
+    """The fastest of a leg's repeats, carrying the others' answers."""
+    best = min(tries, key=lambda b: b.seconds)
+    rest = tuple(a for b in tries if b is not best for a in b.every_answer)
+    return Batch(best.seconds, best.answers, rest)
 
 
 def openai_client(url: str):

@@ -4,7 +4,9 @@ Side by side in one run, on the default model with the same prompts: mlx-lm's ow
 (no speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request)
 and with speculation on (gate and planner on), both through a real server on loopback with one
 streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
-so it starts from the shipped table as on a new machine and learns as it serves. Each width runs --rounds rounds, the three systems back to back in an
+so it starts from the shipped table as on a new machine and learns as it serves. Requests carry
+`"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which mlx-lm's
+generator does not have) would time which system ran after which. Each width runs --rounds rounds, the three systems back to back in an
 order rotated per round. A system's tok/s and latency pool its rounds; a ratio is the median over
 rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
 runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the

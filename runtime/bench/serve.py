@@ -5,9 +5,13 @@ empty cache folder, so no cost table learned by an earlier run is found; the shi
 driven with the official openai client: greedy non-streaming chat completions over the held-out
 prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two untimed
 warm-up requests. Every run's server is up at once (an idle one costs nothing), and each prompt
-goes to every run's legs back to back, in an order rotated from one prompt to the next, so a
-slow spell of this shared machine hits every run alike and each ratio compares times taken
-within seconds of each other. Runs:
+goes to every run's legs back to back: the runs in an order rotated from one prompt to the next,
+each run's two legs adjacent, plain first for every other prompt, so a slow spell of this shared
+machine hits every run alike, each ratio compares times taken seconds apart, and neither leg
+usually goes first. With --repeats R each prompt's legs run R times, the order reversed each
+time, and a leg's time is its fastest (a shared machine's stalls only ever add time; every
+repeat's output is compared with plain decode). Requests carry `"cache_prompt": false`, so each
+computes its prompt as the first repeat did. Runs:
 - served: the default settings. Every prompt is sent once with speculation and once with
   `disable_mtp`. With --objectives, also one run per other objective named (`served:latency`,
   `served:energy`): the same server settings, its requests carrying that `objective` field.
@@ -18,6 +22,8 @@ within seconds of each other. Runs:
   and once without speculation. Every run is compared with its own server's plain requests: two
   servers of identical settings ran 1-4% apart in tok/s here (where each process's memory landed),
   which is as large as the differences between depths this compares.
+- A/A (--control): the served server with both legs plain. Its worst5 is how far two identical
+  systems' windows fall apart on this machine: the floor to read every other worst5 against.
 With --clients C, prompts go in groups of C concurrent requests (all speculative, then all plain,
 the order alternating per group) and timings are the group's wall time.
 
@@ -30,7 +36,7 @@ positions 1..4; `identical` counts outputs byte-identical to plain decode (greed
 Then per set the best fixed K (highest speedup) and the served speedup over it: near 1.0 means the
 controller found the best depth on its own. Last line: served_speedup_chat=R
 served_speedup_code=R served_vs_best_fixed_min=R [foreign_speedup_chat=R foreign_speedup_code=R]
-identical=0|1 (1 only if every compared output of every run matched plain). --plot FILE.png draws
+[control_worst5_min=R] identical=0|1 (1 only if every compared output of every run matched plain). --plot FILE.png draws
 each run's per-prompt speedup along each set and its tok/s.
 """
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
+from itertools import cycle
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -49,6 +56,7 @@ from runtime.bench.common import table
 FOREIGN_MACHINE = "Linux-x86_64 | Foreign Test CPU | 2 cpus"
 POSITIONS = 4  # acceptance columns
 WINDOW = 5  # prompts per window of worst5
+CONTROL = "A/A"  # --control: the served server, both legs plain
 
 
 def main(argv: list[str]) -> int:
@@ -82,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=1,
                    help="concurrent requests per group (pair with --scheduler-mode mtp_batch and "
                         "--extra-serve-args '--max-active-requests C')")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="each group's legs this many times, the order reversed each time; a leg's time is "
+                        "its fastest (a shared machine's stalls only ever add time)")
+    p.add_argument("--control", action="store_true",
+                   help=f"add an {CONTROL} run: the served server, both legs plain (this machine's noise)")
     p.add_argument("--extra-serve-args", default="", help="appended to every server's command line")
     p.add_argument("--plot", metavar="FILE.png", help="draw per-prompt speedups and tok/s per run")
     return p
@@ -122,17 +135,19 @@ def measure(model_dir, runs: list[tuple[str, list[str]]], sets: dict[str, list[s
     from runtime.bench._served import ServedProcess, openai_client, warm_up
 
     with ExitStack() as stack, ThreadPoolExecutor(args.clients) as pool:
-        clients, legs = {}, []
+        clients = {}
         for name, extra in runs:
             server = stack.enter_context(ServedProcess(model_dir, extra))
             print(f"{name}: {shlex.join(server.command('<fresh temp dir>'))}", flush=True)
             clients[name] = (server.url, openai_client(server.url))
             warm_up(clients[name][1], args.max_tokens, plain_too=True)
-            legs += [(name, False), (name, True)]  # (run, disable_mtp)
-        rounds = {s: drive(pool, clients, legs, texts, args, offset=i * 7) for i, (s, texts) in enumerate(sets.items())}
+        summaries = dict(clients)
+        if args.control:
+            clients[CONTROL] = clients["served"]
+        rounds = {s: drive(pool, clients, texts, args, offset=i * 7) for i, (s, texts) in enumerate(sets.items())}
         result = {name: {s: [(got[name, False], got[name, True]) for got in rounds[s]] for s in sets}
                   for name in clients}
-        for name, (url, _) in clients.items():
+        for name, (url, _) in summaries.items():
             print(f"{name}: {controller_summary(url)}", flush=True)
         return result
 
@@ -156,22 +171,39 @@ def controller_summary(url: str) -> str:
             f"{plain_ms / 1e3:.1f} s of plain decode; phases {ctl['phase_acceptance']}")
 
 
-def drive(pool, clients: dict, legs: list[tuple[str, bool]], texts: list[str], args, offset: int) -> list[dict]:
-    """Per prompt group, every leg's batch: {(run, disable_mtp): Batch}."""
-    from runtime.bench._served import ask_all
+def leg_order(runs: list[str], group: int, repeat: int) -> list[tuple[str, bool]]:
+    """(run, disable_mtp) legs of one group's repeat: the runs in an order rotated per group, each
+    run's two legs adjacent (their times seconds apart), plain first in every other group, and
+    every other repeat the whole order reversed, so each leg goes first as often as second."""
+    shift = group % len(runs)
+    order = [(name, off) for name in runs[shift:] + runs[:shift]
+             for off in ((True, False) if group % 2 == 0 else (False, True))]
+    return order[::-1] if repeat % 2 else order
+
+
+def drive(pool, clients: dict, texts: list[str], args, offset: int) -> list[dict]:
+    """Per prompt group, every leg's batch, the fastest of its repeats: {(run, disable_mtp): Batch}."""
+    from runtime.bench._served import ask_all, fastest
 
     rounds = []
     for i, start in enumerate(range(0, len(texts), args.clients)):
-        group, shift = texts[start:start + args.clients], (i + offset) % len(legs)
-        rounds.append({(name, off): ask_all(pool, clients[name][1], group, args.max_tokens, disable_mtp=off,
-                                            fields=request_fields(name))
-                       for name, off in legs[shift:] + legs[:shift]})
+        group, tries = texts[start:start + args.clients], {}
+        for repeat in range(args.repeats):
+            for name, off in leg_order(list(clients), i + offset, repeat):
+                # The control's "speculative" leg is a second plain one: two identical systems.
+                plain = off or name == CONTROL
+                tries.setdefault((name, off), []).append(
+                    ask_all(pool, clients[name][1], group, args.max_tokens, disable_mtp=plain,
+                            fields=request_fields(name)))
+        rounds.append({leg: fastest(batches) for leg, batches in tries.items()})
     return rounds
 
 
 def request_fields(run: str) -> dict:
-    """The extra request fields of a run's requests: a `served:X` run asks for objective X."""
-    return {"objective": run.split(":", 1)[1]} if run.startswith("served:") else {}
+    """The extra request fields of a run's requests: a `served:X` run asks for objective X. No request
+    uses the prompt cache, so every repeat of a leg computes the same work."""
+    fields = {"cache_prompt": False}
+    return fields | {"objective": run.split(":", 1)[1]} if run.startswith("served:") else fields
 
 
 @dataclass(frozen=True)
@@ -190,11 +222,12 @@ class RunStats:
 def stats(pairs: list[tuple], window: int) -> RunStats:
     spec_s, plain_s = sum(s.seconds for s, _ in pairs), sum(p.seconds for _, p in pairs)
     spec_tokens, plain_tokens = sum(s.tokens for s, _ in pairs), sum(p.tokens for _, p in pairs)
-    answers = [(a, b) for s, p in pairs for a, b in zip(s.answers, p.answers)]
+    # Every repeat of either leg against the plain leg's fastest answer of the same prompt.
+    answers = [(a, b) for s, p in pairs for a, b in zip(s.every_answer + p.others, cycle(p.answers))]
+    receipts = [a.receipt for s, _ in pairs for a in s.every_answer]
     return RunStats(tokens=spec_tokens, tok_s_plain=plain_tokens / plain_s, tok_s=spec_tokens / spec_s,
                     speedup=plain_s / spec_s, worst=worst_window(pairs, window),
-                    spec_share=spec_share([a.receipt for a, _ in answers]),
-                    acceptance=acceptance([a.receipt for a, _ in answers]),
+                    spec_share=spec_share(receipts), acceptance=acceptance(receipts),
                     same=sum(a.text == b.text for a, b in answers), compared=len(answers))
 
 
@@ -224,13 +257,15 @@ def acceptance(receipts: list[dict]) -> tuple[float, ...]:
 def report(results: dict[str, dict], sets: dict[str, list[str]], clients: int) -> str:
     """The tables, the best fixed K per set, and the last key=value line."""
     window = max(1, WINDOW // clients)
-    lines, served, foreign, vs_fixed, identical = [], {}, {}, [], True
+    lines, served, foreign, vs_fixed, identical, control = [], {}, {}, [], True, []
     for set_name in sets:
         by_run = {name: stats(runs[set_name], window) for name, runs in results.items()}
         lines += [f"set {set_name} ({len(sets[set_name])} prompts, {clients} client(s))", _table(by_run), ""]
         served[set_name] = by_run["served"].speedup
         if "foreign" in by_run:
             foreign[set_name] = by_run["foreign"].speedup
+        if CONTROL in by_run:
+            control.append(by_run[CONTROL].worst)
         identical &= all(r.same == r.compared for r in by_run.values())
         fixed = {n: r for n, r in by_run.items() if n.startswith("K=")}
         if fixed:
@@ -238,7 +273,7 @@ def report(results: dict[str, dict], sets: dict[str, list[str]], clients: int) -
             vs_fixed.append(by_run["served"].speedup / fixed[best].speedup)
             lines.append(f"{set_name}: best fixed {best} at {fixed[best].speedup:.3f}x its plain decode; served "
                          f"{by_run['served'].speedup:.3f}x = {vs_fixed[-1]:.3f}x best fixed")
-    lines.append(summary(served, foreign, vs_fixed, identical))
+    lines.append(summary(served, foreign, vs_fixed, identical, control))
     return "\n".join(lines)
 
 
@@ -250,7 +285,7 @@ def _table(by_run: dict[str, RunStats]) -> str:
     return table(headers, rows)
 
 
-def summary(served: dict, foreign: dict, vs_fixed: list[float], identical: bool) -> str:
+def summary(served: dict, foreign: dict, vs_fixed: list[float], identical: bool, control=()) -> str:
     def r(x: float) -> str:
         return "nan" if x is None or math.isnan(x) else f"{x:.3f}"
 
@@ -258,6 +293,8 @@ def summary(served: dict, foreign: dict, vs_fixed: list[float], identical: bool)
     keys.append(f"served_vs_best_fixed_min={r(min(vs_fixed) if vs_fixed else None)}")
     if foreign:
         keys += [f"foreign_speedup_{s}={r(foreign.get(s))}" for s in ("chat", "code")]
+    if control:
+        keys.append(f"control_worst5_min={r(min(control))}")
     return " ".join(keys + [f"identical={int(identical)}"])
 
 
