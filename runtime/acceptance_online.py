@@ -14,12 +14,20 @@ the drafts verified) and 1..accepted succeeded. Counts decay, so old evidence fa
 The posterior mean at position t is (hits + m prior) / (trials + m); its upper bound adds
 Z standard errors. The bound is what exploration asks: could drafting still pay here?
 
+A request's m is its phase's, learned from how far apart finished requests' first-draft rates
+fall (`request_strength`, a method-of-moments beta-binomial fit): where requests of a phase accept
+alike, a new one is expected to accept as they did, its bound is tight, and a phase measured as
+losing is not explored again for each request; where they differ, m stays low and each request's
+own drafts decide. A phase's fit ages: each request that ends there without drafting weakens it,
+so evidence that stopped coming in reopens exploration (nothing is locked off for good).
+
 Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Sequence
 
 from runtime.content_phase import Phase
@@ -33,6 +41,13 @@ REQUEST_TRIALS = 5.0
 PHASE_DECAY = 0.99  # per vote: a phase remembers its last ~100 requests
 REQUEST_DECAY = 0.95  # per step: a request remembers its last ~20 steps
 Z = 1.64  # one-sided 95%: the upper bound exploration tests
+# The fit of a phase's between-request spread: from this many finished requests that drafted there,
+# over the last SPREAD_REQUESTS; m at most MAX_STRENGTH, so a request's own ~20 decayed trials still
+# move its mean. Each request ending in the phase without a draft multiplies m's excess by AGING.
+MIN_SPREAD_REQUESTS = 8
+SPREAD_REQUESTS = 64
+MAX_STRENGTH = 30.0
+AGING = 0.9
 DEFAULT_PRIOR = (0.3, 0.2, 0.15, 0.1)  # where no table has one: a weak drafter's shape
 
 
@@ -77,6 +92,31 @@ def posterior(counts: Counts, prior: Sequence[float], strength: float, depth: in
     return tuple(out)
 
 
+def request_strength(samples: Sequence[tuple[float, float]]) -> float:
+    """A request's prior strength m from finished requests' (first-draft trials, hits): the
+    binomial-corrected spread of their rates tau^2, and m = p(1-p)/tau^2 - 1 (the beta-binomial's
+    moments), within [REQUEST_TRIALS, MAX_STRENGTH]; REQUEST_TRIALS under MIN_SPREAD_REQUESTS."""
+
+    samples = [(n, h) for n, h in samples if n > 0]
+    if len(samples) < MIN_SPREAD_REQUESTS:
+        return REQUEST_TRIALS
+    total = sum(n for n, _ in samples)
+    p = sum(h for _, h in samples) / total
+    noise = p * (1 - p)
+    if noise <= 0:  # every request accepted all or nothing: as alike as requests get
+        return MAX_STRENGTH
+    # The weighted squared deviations less what binomial noise alone gives (k-1 times p(1-p)) and one
+    # standard deviation of that noise (chi-square), so a few draws per request read as alike unless
+    # they clearly are not: at 6 draws a request, chance alone gave m ~10 for identical requests.
+    k = len(samples)
+    spread = sum(n * (h / n - p) ** 2 for n, h in samples) - (k - 1 + math.sqrt(2 * (k - 1))) * noise
+    scale = total - sum(n * n for n, _ in samples) / total
+    tau2 = spread / scale if scale > 0 else 0.0
+    if tau2 <= 0:
+        return MAX_STRENGTH
+    return min(MAX_STRENGTH, max(REQUEST_TRIALS, noise / tau2 - 1.0))
+
+
 class PhasePriors:
     """The server's acceptance per content phase, from every request's outcomes."""
 
@@ -84,6 +124,9 @@ class PhasePriors:
         self.base, self.depth = tuple(base) or DEFAULT_PRIOR, depth
         self.counts: dict[Phase, Counts] = {}
         self._means: dict[Phase, tuple[float, ...]] = {}  # every request reads them every step: kept till a vote
+        self.samples: dict[Phase, deque[tuple[float, float]]] = {}  # finished requests' first-draft (trials, hits)
+        self.unsampled: dict[Phase, int] = {}  # requests ended there without drafting since the last sample
+        self._strengths: dict[Phase, float] = {}
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         counts = self.counts.setdefault(phase, Counts())
@@ -96,8 +139,28 @@ class PhasePriors:
             self._means[phase] = posterior(self.counts.get(phase, Counts()), self.base, PRIOR_TRIALS, self.depth)
         return self._means[phase]
 
+    def note_request(self, phase: Phase, trials: float, hits: float) -> None:
+        """A request ended: its first-draft totals in a phase where it ran (trials 0: it never drafted)."""
+        if trials > 0:
+            self.samples.setdefault(phase, deque(maxlen=SPREAD_REQUESTS)).append((trials, hits))
+            self.unsampled[phase] = 0
+        else:
+            self.unsampled[phase] = self.unsampled.get(phase, 0) + 1
+        self._strengths.pop(phase, None)
+
+    def strength(self, phase: Phase) -> float:
+        """m for a request's posterior here: the fitted spread's, aged by requests that did not draft."""
+        if phase not in self._strengths:
+            fitted = request_strength(self.samples.get(phase, ()))
+            aged = AGING ** self.unsampled.get(phase, 0)
+            self._strengths[phase] = REQUEST_TRIALS + (fitted - REQUEST_TRIALS) * aged
+        return self._strengths[phase]
+
     def snapshot(self) -> dict:
         return {phase.value: [round(p, 3) for p in self.mean(phase)[:4]] for phase in self.counts}
+
+    def strengths(self) -> dict:
+        return {phase.value: round(self.strength(phase), 1) for phase in set(self.samples) | set(self.unsampled)}
 
 
 class RequestAcceptance:
@@ -107,21 +170,34 @@ class RequestAcceptance:
         self.priors = priors
         self.counts: dict[Phase, Counts] = {p: c.copy() for p, c in (start or {}).items()}
         self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
+        self.firsts: dict[Phase, list[float]] = {}  # undecayed (trials, hits) at the first draft, per phase run in
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
+        first = self.firsts.setdefault(phase, [0.0, 0.0])
+        first[0] += drafted > 0
+        first[1] += accepted > 0
         if phase not in self.voted:
             self.voted.add(phase)
             self.priors.note(phase, drafted, accepted)
 
-    def step(self) -> None:
-        """One step passed (drafted or not): the request's own evidence fades a little."""
+    def step(self, phase: Phase | None = None) -> None:
+        """One step passed (drafted or not) in `phase`: the request's own evidence fades a little."""
+        if phase is not None:
+            self.firsts.setdefault(phase, [0.0, 0.0])
         for counts in self.counts.values():
             counts.decay(REQUEST_DECAY)
 
+    def finish(self) -> None:
+        """The request ended: how it accepted in each phase it ran in feeds that phase's spread fit."""
+        for phase, (trials, hits) in self.firsts.items():
+            self.priors.note_request(phase, trials, hits)
+        self.firsts = {}
+
     def mean(self, phase: Phase, depth: int) -> tuple[float, ...]:
-        return posterior(self.counts.get(phase, Counts()), self.priors.mean(phase), REQUEST_TRIALS, depth)
+        return posterior(self.counts.get(phase, Counts()), self.priors.mean(phase), self.priors.strength(phase),
+                         depth)
 
     def upper(self, phase: Phase, depth: int) -> tuple[float, ...]:
-        return posterior(self.counts.get(phase, Counts()), self.priors.mean(phase), REQUEST_TRIALS, depth,
-                         upper=True)
+        return posterior(self.counts.get(phase, Counts()), self.priors.mean(phase), self.priors.strength(phase),
+                         depth, upper=True)

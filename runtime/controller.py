@@ -159,6 +159,8 @@ class OnlineController:
     def end(self, seq) -> None:
         """A request left: its evidence seeds the next turn of its conversation."""
         ctl = self.requests.pop(seq.request_id, None)
+        if ctl is not None:
+            ctl.acceptance.finish()
         key = seq.params.conversation
         if ctl is None or not key:
             return
@@ -259,7 +261,8 @@ class OnlineController:
 
     def step_passed(self, batch) -> None:
         for seq in batch:
-            self.control(seq).acceptance.step()
+            ctl = self.control(seq)
+            ctl.acceptance.step(ctl.phase)
 
     # --- visible ---------------------------------------------------------------------------------
     def describe_request(self, seq) -> dict:
@@ -280,6 +283,7 @@ class OnlineController:
     def snapshot(self, active=()) -> dict:
         return {"cost_model": self.costs.snapshot() | {"drafts_catching_up": self.catch_ups},
                 "phase_acceptance": self.priors.snapshot(),
+                "phase_request_strength": self.priors.strengths(),
                 "phase_speculates": {p.value: s for p, s in self.phase_speculates.items()},
                 "exploration": self.budget.snapshot(), "conversations": len(self.conversations),
                 "requests": [self.describe_request(s) for s in active]}

@@ -6,8 +6,8 @@ and with speculation on (gate and planner on), both through a real server on loo
 streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
 so it starts from the shipped table as on a new machine and learns as it serves. Requests carry
 `"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which mlx-lm's
-generator does not have) would time which system ran after which. Each width runs --rounds rounds, the three systems back to back in an
-order rotated per round. A system's tok/s and latency pool its rounds; a ratio is the median over
+generator does not have) would time which system ran after which. Each width runs --rounds rounds, the systems back to back in an order
+from a Williams square (over a few rounds each system runs after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is the median over
 rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
 runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
 "on" server's batch steps that speculated. With --control, speculation off runs a second time
@@ -94,8 +94,7 @@ async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path
         runs = {name: [] for name in systems}
         spec_steps = Counter()
         for r in range(rounds):
-            shift = r % len(systems)
-            for name in systems[shift:] + systems[:shift]:
+            for name in round_order(systems, r):
                 runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
         off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
         on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
@@ -120,6 +119,22 @@ async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path
     if plot_path:
         plot(points, last, plot_path)
     return 0
+
+
+def round_order(systems: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Round r's order, a row of a Williams square (each row a shift of 0, 1, n-1, 2, n-2, ...; for an
+    odd n also each row reversed): over n rounds (2n if n is odd) each system runs right after each
+    other one equally often. A plain rotation kept every system behind the same one, so whatever one
+    left behind (after the in-process generator, or after speculation) always fell on the next."""
+    n = len(systems)
+    base = [0]
+    for i in range(1, n):
+        base.append((i + 1) // 2 if i % 2 else n - i // 2)
+    period = n if n % 2 == 0 else 2 * n
+    row = [(b + r % n) % n for b in base]
+    if r % period >= n:
+        row.reverse()
+    return tuple(systems[i] for i in row)
 
 
 def summary(off_ratios: list[list[float]], on_ratios: list[list[float]]) -> str:

@@ -2,6 +2,7 @@
 table has a row per (width, system) and the last line carries both ratios."""
 
 import re
+from collections import Counter
 
 from runtime.bench import batch
 from runtime.bench.serving import Timing
@@ -49,3 +50,16 @@ def test_the_command_exits_cleanly_after_its_last_system_stops(model_dir):
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+def test_each_system_follows_each_other_one_over_the_rounds():
+    from runtime.bench.batch import CONTROL, SYSTEMS, round_order
+
+    for systems in (SYSTEMS, SYSTEMS + (CONTROL,), tuple("abcde")):
+        n = len(systems)
+        follows = Counter()
+        for r in range(n if n % 2 == 0 else 2 * n):
+            order = round_order(systems, r)
+            assert sorted(order) == sorted(systems)
+            follows.update(zip(order, order[1:]))
+        assert len(set(follows.values())) == 1 and len(follows) == n * (n - 1)  # every pair, equally often
