@@ -6,9 +6,10 @@ the drafts verified) and 1..accepted succeeded. Counts decay, so old evidence fa
   from the calibration table's by_depth with PRIOR_TRIALS pseudo-trials and decaying slowly per
   outcome, so a phase whose acceptance rises is seen to rise. They answer "what does a request
   with no evidence of its own accept here", so each request votes once per phase, with its first
-  outcome there: later drafts run because the request's own evidence was good, and counting them
-  would lean the prior toward the requests that accept well (0.4 for chat whose requests average
-  0.25 on this model), so every new request would draft a few losing steps.
+  outcome there, and with every outcome of an exploring step (chosen for how little a request has
+  shown, not how well): later drafts run because the request's own evidence was good, and counting
+  them would lean the prior toward the requests that accept well (0.4 for chat whose requests
+  average 0.25 on this model), so every new request would draft a few losing steps.
 - `RequestAcceptance` keeps one request's counts per phase, decaying per step (drafted or not), so
   a request that stopped drafting drifts back to its phase prior and gets tried again.
 The posterior mean at position t is (hits + m prior) / (trials + m); its upper bound adds
@@ -172,12 +173,19 @@ class RequestAcceptance:
         self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
         self.firsts: dict[Phase, list[float]] = {}  # undecayed (trials, hits) at the first draft, per phase run in
 
-    def note(self, phase: Phase, drafted: int, accepted: int) -> None:
+    def note(self, phase: Phase, drafted: int, accepted: int, explored: bool = False) -> None:
+        """One verify outcome. An exploring step's outcome always votes: exploration picks requests by
+        how little they have shown, not by how well, so its outcomes are the phase's unselected ones
+        (with the first vote alone, the answer phase's prior still read the foreign table's 0.33 after
+        a bench run whose chat drafts accepted 0.13)."""
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
         first = self.firsts.setdefault(phase, [0.0, 0.0])
         first[0] += drafted > 0
         first[1] += accepted > 0
-        if phase not in self.voted:
+        if explored:
+            self.voted.add(phase)
+            self.priors.note(phase, drafted, accepted)
+        elif phase not in self.voted:
             self.voted.add(phase)
             self.priors.note(phase, drafted, accepted)
 

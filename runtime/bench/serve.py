@@ -168,7 +168,8 @@ def controller_summary(url: str) -> str:
     return (f"controller: prior {costs['prior_source']} (measured on {costs['prior_machine']!r}), "
             f"{costs['observations']} steps observed, scale to prior {costs['scale_to_prior']}; "
             f"exploration {explore['steps']} steps lost {explore['spent_ms']:.0f} ms = {share:.2%} of "
-            f"{plain_ms / 1e3:.1f} s of plain decode; phases {ctl['phase_acceptance']}")
+            f"{plain_ms / 1e3:.1f} s of plain decode; phases {ctl['phase_acceptance']}, request prior "
+            f"strength {ctl.get('phase_request_strength', {})}")
 
 
 def leg_order(runs: list[str], group: int, repeat: int) -> list[tuple[str, bool]]:

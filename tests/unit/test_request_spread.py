@@ -52,23 +52,24 @@ def test_requests_that_accept_alike_give_a_strong_prior_and_unlike_ones_a_weak_o
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**31))
 def test_a_phase_where_requests_lose_alike_narrows_a_new_requests_upper_bound(seed):
-    """Chat as measured here: each request's first drafts accept ~0.25. After 40 such requests a new
-    request's upper bound is at most 0.6 of the fixed strength's distance above its mean (at m = 30
-    and a mean of 0.25, 0.38 instead of 0.57, below where one draft pays on a machine where a
-    depth-1 step costs 1.5 plain ones): it is not explored again for itself."""
+    """Chat as measured here: each request's first drafts accept ~0.25. After 60 such requests a new
+    request's upper bound is at most 0.75 of the fixed strength's distance above its mean (m is
+    30 for most draws, >= 9.7 in 2,000 seeds; at m = 30 and a mean of 0.25 the bound is 0.38
+    instead of 0.57, below where one draft pays on a machine where a depth-1 step costs 1.5 plain
+    ones): it is not explored again for itself."""
     rng = random.Random(seed)
     priors = PhasePriors((0.25,), depth=1)
-    for _ in range(40):
+    for _ in range(60):
         acc = RequestAcceptance(priors)
         for _ in range(6):  # an exploring burst's drafts
             acc.note(Phase.ANSWER, 1, int(rng.random() < 0.25))
             acc.step(Phase.ANSWER)
         acc.finish()
-    assert priors.strength(Phase.ANSWER) > 15
+    assert priors.strength(Phase.ANSWER) > 9
     fresh = RequestAcceptance(priors)
     mean, upper = fresh.mean(Phase.ANSWER, 1)[0], fresh.upper(Phase.ANSWER, 1)[0]
     fixed = posterior(Counts(), priors.mean(Phase.ANSWER), REQUEST_TRIALS, 1, upper=True)[0]
-    assert upper - mean <= 0.6 * (fixed - mean)
+    assert upper - mean <= 0.75 * (fixed - mean)
 
 
 @settings(max_examples=30, deadline=None)
@@ -89,3 +90,27 @@ def test_requests_ending_without_drafts_age_the_fit_back_to_the_default(undrafte
     assert abs(aged - expected) < 1e-9 and aged < fitted
     priors.note_request(Phase.ANSWER, 10.0, 2.0)  # evidence again: the fit counts in full
     assert priors.strength(Phase.ANSWER) == MAX_STRENGTH
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(0.0, 0.2))
+def test_exploring_outcomes_all_vote_so_the_phase_prior_finds_the_rate_sooner(rate):
+    """15 requests, each explored for a burst of 4 drafts, under a prior table of 0.35: with every
+    exploring outcome voting, the phase prior's error, averaged over 100 draws, is under 0.12 (the
+    table's 20 pseudo-trials against ~45 decayed votes: 0.107 at a rate of 0) and
+    smaller than with the first vote alone."""
+    def prior_after(outcomes, explored: bool) -> float:
+        priors = PhasePriors((0.35,), depth=1)
+        for burst in outcomes:
+            acc = RequestAcceptance(priors)
+            for accepted in burst:
+                acc.note(Phase.ANSWER, 1, accepted, explored=explored)
+        return priors.mean(Phase.ANSWER)[0]
+
+    errors = {True: 0.0, False: 0.0}
+    for seed in range(100):
+        rng = random.Random(seed)
+        outcomes = [[int(rng.random() < rate) for _ in range(4)] for _ in range(15)]
+        for explored in errors:
+            errors[explored] += abs(prior_after(outcomes, explored) - rate) / 100
+    assert errors[True] < 0.12 and errors[True] < errors[False]
