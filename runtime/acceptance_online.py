@@ -182,10 +182,7 @@ class RequestAcceptance:
         first = self.firsts.setdefault(phase, [0.0, 0.0])
         first[0] += drafted > 0
         first[1] += accepted > 0
-        if explored:
-            self.voted.add(phase)
-            self.priors.note(phase, drafted, accepted)
-        elif phase not in self.voted:
+        if explored or phase not in self.voted:
             self.voted.add(phase)
             self.priors.note(phase, drafted, accepted)
 

@@ -6,10 +6,11 @@ and with speculation on (gate and planner on), both through a real server on loo
 streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
 so it starts from the shipped table as on a new machine and learns as it serves. Requests carry
 `"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which mlx-lm's
-generator does not have) would time which system ran after which. Each width runs --rounds rounds, the systems back to back in an order
-from a Williams square (over a few rounds each system runs after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is the median over
-rounds of the ratio within each round (paired: a slow spell of this shared machine hits the three
-runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
+generator does not have) would time which system ran after which. Each width runs --rounds rounds,
+the systems back to back in an order from a Williams square (over a few rounds each system runs
+after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is the
+median over rounds of the ratio within each round (paired: a slow spell of this shared machine
+hits the runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
 "on" server's batch steps that speculated. With --control, speculation off runs a second time
 per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
 machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="metrale bench batch", description=__doc__)
     parser.add_argument("--widths", default="1,4,8,16,32")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per width, order rotated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per width, ordered by a Williams square")
     parser.add_argument("--port", type=int, default=0, help="0: a free loopback port")
     parser.add_argument("--prompts", choices=("mixed", "chat", "code"), default="mixed",
                         help="mixed: eight everyday and programming prompts; chat, code: the held-out sets")

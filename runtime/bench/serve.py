@@ -36,8 +36,8 @@ positions 1..4; `identical` counts outputs byte-identical to plain decode (greed
 Then per set the best fixed K (highest speedup) and the served speedup over it: near 1.0 means the
 controller found the best depth on its own. Last line: served_speedup_chat=R
 served_speedup_code=R served_vs_best_fixed_min=R [foreign_speedup_chat=R foreign_speedup_code=R]
-[control_worst5_min=R] identical=0|1 (1 only if every compared output of every run matched plain). --plot FILE.png draws
-each run's per-prompt speedup along each set and its tok/s.
+[control_worst5_min=R] identical=0|1 (1 only if every compared output of every run matched plain).
+--plot FILE.png draws each run's per-prompt speedup along each set and its tok/s.
 """
 
 from __future__ import annotations
