@@ -28,6 +28,7 @@ from mlx_lm.models.llama import TransformerBlock
 
 from kernels import rows_matmul
 from kernels.mtp_head import MTPBlock
+from kernels.tree_verify import Positions
 
 MAX_ROWS = 16  # rows per sequence a compiled step takes; more (a prefill chunk) runs the stock layer
 
@@ -37,10 +38,14 @@ class CompiledBlock(TransformerBlock):
     class of each layer in place, so its parameters, names and checkpoints are unchanged)."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        offset = _offset(x, cache)
-        if offset is None:  # no cache, a tree's positions, a prefill
+        if cache is None or x.shape[1] > MAX_ROWS:  # no cache, a prefill chunk
             return super().__call__(x, mask, cache)
-        return _around_cache(self, x, offset, mask, cache)
+        if isinstance(getattr(cache, "offset", None), Positions):  # a draft tree's: a new shape each, so op by op
+            return _around_cache(self, _parts(self), x, cache.offset, mask, cache)
+        offset = _offset(x, cache)
+        if offset is None:
+            return super().__call__(x, mask, cache)
+        return _around_cache(self, _graphs(self), x, offset, mask, cache)
 
 
 class CompiledMTPBlock(MTPBlock):
@@ -52,7 +57,7 @@ class CompiledMTPBlock(MTPBlock):
         offset = _offset(x, cache) if type(cache) is KVCache and not attn.gated and "q_norm" not in attn else None
         if offset is None:
             return super().__call__(x, mask, cache)
-        return _around_cache(self, x, offset, mask, cache)
+        return _around_cache(self, _graphs(self), x, offset, mask, cache)
 
 
 def _offset(x: mx.array, cache) -> mx.array | None:
@@ -62,23 +67,39 @@ def _offset(x: mx.array, cache) -> mx.array | None:
     return offset if isinstance(offset, mx.array) and x.shape[1] <= MAX_ROWS else None
 
 
-def _around_cache(block, x: mx.array, offset: mx.array, mask, cache) -> mx.array:
-    before, after = _graphs(block)
+def _around_cache(block, parts, x: mx.array, offset, mask, cache) -> mx.array:
+    before, after = parts
     queries, keys, values = before(x, offset)
     keys, values = cache.update_and_fetch(keys, values)
-    output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=block.self_attn.scale, mask=mask)
-    return after(x, output)
+    return after(x, _attention(block, queries, keys, values, cache, mask))
+
+
+def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache, mask) -> mx.array:
+    """Attention with its heads merged ([B, L, H * D]): the fused few-rows kernel
+    (kernels/rows_matmul/attention.cpp) where the layer was installed with it and it takes this step
+    (float32, an unquantized cache, no mask, causal, or a boolean mask), else mlx-lm's."""
+    scale = block.self_attn.scale
+    fused = rows_matmul.load() if getattr(block, "_fused", False) else None
+    if fused is not None and not hasattr(cache, "bits") and queries.dtype == keys.dtype == mx.float32:
+        if mask is None or (isinstance(mask, str) and mask == "causal"):
+            return fused.few_rows_attention(queries, keys, values, scale, mask is not None, None)
+        if isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+            return fused.few_rows_attention(queries, keys, values, scale, False, mask)
+    output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
+    batch, _, rows, _ = output.shape
+    return output.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
 
 
 def _graphs(block):
     graphs = getattr(block, "_compiled", None)
     if graphs is None or graphs[0] != rows_matmul.swaps:
-        graphs = (rows_matmul.swaps, *_trace(block))
+        graphs = (rows_matmul.swaps, *(mx.compile(part) for part in _parts(block)))
         object.__setattr__(block, "_compiled", graphs)  # a plain attribute: not a parameter
     return graphs[1:]
 
 
-def _trace(block: TransformerBlock):
+def _parts(block: TransformerBlock):
+    """The layer's work before and after its cache, as plain functions (compiled by _graphs)."""
     attn = block.self_attn
 
     def before(x: mx.array, offset: mx.array):
@@ -90,34 +111,38 @@ def _trace(block: TransformerBlock):
         return attn.rope(q, offset=offset), attn.rope(k, offset=offset), v
 
     def after(x: mx.array, output: mx.array):
-        batch, _, rows, _ = output.shape
-        h = x + attn.o_proj(output.transpose(0, 2, 1, 3).reshape(batch, rows, -1))
+        h = x + attn.o_proj(output)
         return h + block.mlp(block.post_attention_layernorm(h))
 
-    return mx.compile(before), mx.compile(after)
+    return before, after
 
 
-def install(model: nn.Module) -> int:
-    """Compile the target's llama decoder layers (no other kind of layer is touched); how many."""
+def install(model: nn.Module, fused_attention: bool = True) -> int:
+    """Compile the target's llama decoder layers (no other kind of layer is touched), their attention
+    fused where fused_attention and the kernel builds here; how many."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    swapped = 0
-    for layer in layers:
-        if type(layer) in (TransformerBlock, CompiledBlock):
-            layer.__class__ = CompiledBlock
-            object.__setattr__(layer, "_compiled", None)
-            swapped += 1
-    return swapped
+    return sum(_swap_in(layer, (TransformerBlock, CompiledBlock), CompiledBlock, fused_attention) for layer in layers)
 
 
-def install_head(head: nn.Module) -> int:
+def install_head(head: nn.Module, fused_attention: bool = True) -> int:
     """Compile an MTP head's blocks for serving (its weights fixed from here on); how many."""
-    swapped = 0
-    for layer in getattr(head, "layers", None) or []:
-        if type(layer) in (MTPBlock, CompiledMTPBlock):
-            layer.__class__ = CompiledMTPBlock
-            object.__setattr__(layer, "_compiled", None)
-            swapped += 1
-    return swapped
+    layers = getattr(head, "layers", None) or []
+    return sum(_swap_in(layer, (MTPBlock, CompiledMTPBlock), CompiledMTPBlock, fused_attention) for layer in layers)
+
+
+def _swap_in(layer, kinds: tuple[type, ...], compiled: type, fused_attention: bool) -> bool:
+    if type(layer) not in kinds:
+        return False
+    layer.__class__ = compiled
+    object.__setattr__(layer, "_compiled", None)
+    object.__setattr__(layer, "_fused", fused_attention and rows_matmul.available())
+    return True
+
+
+def fused(model: nn.Module) -> bool:
+    """Whether the model's compiled layers run the fused attention."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    return any(getattr(layer, "_fused", False) for layer in layers if type(layer) is CompiledBlock)
 
 
 def uninstall(model: nn.Module) -> None:

@@ -11,15 +11,18 @@
 #include <utility>
 #include <vector>
 
-#include <immintrin.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "attention.h"
+#include "vectors.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
+using namespace metrale;
 
 namespace {
 
@@ -27,31 +30,12 @@ namespace {
 // with AVX2). An FMA's latency needs about 8 independent accumulators to keep both FMA units busy,
 // so fewer x-rows take more weight rows; a block never spills its registers.
 #if defined(__AVX512F__)
-constexpr int kLanes = 16;
 template <int XR> constexpr int weight_rows_for = XR >= 3 ? 4 : 8;
 #else
-constexpr int kLanes = 8;
 template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 #endif
 constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
-typedef float vf __attribute__((vector_size(kLanes * 4)));
-typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
-
-inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
-
-// acc + x * w with one rounding, spelled out: left to the compiler (-ffp-contract), whether it fuses
-// depends on its tuning and the block shape (AMD tunings skip fusing some accumulation chains), and
-// a row's result would then change with the row count.
-inline vf multiply_add(vf x, vf w, vf acc) {
-#if defined(__AVX512F__)
-  return (vf)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
-#elif defined(__FMA__)
-  return (vf)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
-#else
-  return acc + x * w;  // no fused instruction: built with -ffp-contract=off, so never fused
-#endif
-}
 
 // Lane sums, pairwise: at each half-width h, lane i < h of an output takes lane i + h; the same order
 // for every output whatever block computes it. Many accumulators are summed at once, packed into
@@ -289,4 +273,6 @@ NB_MODULE(_rows_matmul, m) {
   nb::module_::import_("mlx.core");  // the array type's bindings
   m.def("rows_matmul", &rows_matmul, nb::arg("x"), nb::arg("w"));
   m.attr("MAX_ROWS") = kMaxRows;
+  m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
 }

@@ -1,0 +1,112 @@
+"""The fused few-rows attention (kernels/rows_matmul/attention.cpp): MLX's attention within float
+tolerance on random shapes, cache views and masks; each row bit for bit the same whatever rows came
+with it (a verify row is the plain step at its position); and the compiled layers that run it give
+the stock layers' logits within tolerance, at every step kind."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from kernels import compiled_blocks, rows_matmul
+from tests.tiny import tiny_llama
+
+pytestmark = pytest.mark.skipif(not rows_matmul.available(), reason=f"rows kernel {rows_matmul.status()}")
+
+
+def fused(q, k, v, scale, causal, mask=None):
+    return rows_matmul.load().few_rows_attention(q, k, v, scale, causal, mask)
+
+
+def merged(out):
+    batch, _, rows, _ = out.shape
+    return out.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
+
+
+def cache_views(key, batch, kv_heads, keys, dim, room):
+    """Keys and values as a KV cache hands them out: views of a longer buffer."""
+    k1, k2 = mx.random.split(key)
+    buffers = [mx.random.normal((batch, kv_heads, keys + room, dim), key=k) for k in (k1, k2)]
+    return [b[..., :keys, :] for b in buffers]
+
+
+shapes = st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(1, 16),
+                   st.integers(0, 200), st.sampled_from([8, 16, 24, 64, 72]), st.integers(0, 40))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), shapes, st.sampled_from(["none", "causal", "array"]))
+def test_it_matches_mlx_attention(seed, shape, kind):
+    batch, kv_heads, group, rows, past, dim, room = shape
+    key = mx.random.key(seed)
+    q = mx.random.normal((batch, kv_heads * group, rows, dim), key=key)
+    k, v = cache_views(mx.random.key(seed + 1), batch, kv_heads, past + rows, dim, room)
+    scale = dim ** -0.5
+    if kind == "array":  # random visibility, each row seeing at least its own position
+        seen = mx.random.bernoulli(0.6, (batch, 1, rows, past + rows), key=mx.random.key(seed + 2))
+        own = mx.arange(past + rows)[None] == (mx.arange(rows)[:, None] + past)
+        mask = seen | own
+        got, want = fused(q, k, v, scale, False, mask), mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                                                             mask=mask)
+    else:
+        causal = kind == "causal"
+        got = fused(q, k, v, scale, causal)
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if causal else None)
+    assert got.shape == (batch, rows, kv_heads * group * dim)
+    assert mx.allclose(got, merged(want), rtol=1e-4, atol=1e-5).item()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**16), st.integers(2, 16), st.integers(0, 120), st.sampled_from([16, 64]))
+def test_each_row_is_bit_for_bit_the_step_at_its_position(seed, rows, past, dim):
+    q = mx.random.normal((1, 6, rows, dim), key=mx.random.key(seed))
+    k, v = cache_views(mx.random.key(seed + 1), 1, 2, past + rows, dim, 7)
+    together = fused(q, k, v, 0.125, True)
+    for i in range(rows):
+        alone = fused(q[:, :, i:i + 1], k[..., :past + i + 1, :], v[..., :past + i + 1, :], 0.125, True)
+        assert mx.array_equal(together[:, i:i + 1], alone).item()
+
+
+def test_a_fully_hidden_row_is_zeros_not_nan():
+    q = mx.random.normal((1, 2, 2, 16))
+    k = v = mx.random.normal((1, 1, 4, 16))
+    mask = mx.array([[True, True, False, False], [False, False, False, False]])
+    out = fused(q, k, v, 0.25, False, mask)
+    assert mx.array_equal(out[0, 1], mx.zeros((32,))).item() and not mx.isnan(out).any().item()
+
+
+def test_bad_inputs_are_refused():
+    q, k = mx.random.normal((1, 3, 2, 16)), mx.random.normal((1, 2, 4, 16))
+    with pytest.raises(ValueError):
+        fused(q, k, k, 0.25, True)  # 3 query heads over 2 key heads
+    with pytest.raises(ValueError):
+        fused(q.astype(mx.float16), k[:, :1], k[:, :1], 0.25, True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=5),
+       st.integers(1, 30))
+def test_compiled_layers_with_it_give_the_stock_logits_within_tolerance(seed, steps, prompt):
+    shape = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
+    stock, mine = tiny_llama(seed=seed, **shape), tiny_llama(seed=seed, **shape)
+    assert compiled_blocks.install(mine) == len(mine.model.layers) and compiled_blocks.fused(mine)
+    caches = make_prompt_cache(stock), make_prompt_cache(mine)
+    tokens = [mx.array([[(seed + 7 * i) % 100 + 1 for i in range(prompt)]])]
+    tokens += [mx.array([[(seed + r) % 90 + 2 for r in range(rows)]]) for rows in steps]
+    for step in tokens:
+        assert mx.allclose(mine(step, cache=caches[1]), stock(step, cache=caches[0]), rtol=1e-4, atol=1e-4).item()
+
+
+def test_a_left_padded_batch_cache_takes_its_mask():
+    stock, mine = tiny_llama(seed=3), tiny_llama(seed=3)
+    compiled_blocks.install(mine)
+    rows = mx.array([[0, 0, 5, 9, 14, 3], [8, 2, 6, 1, 7, 4]])
+    caches = [[BatchKVCache([2, 0]) for _ in m.model.layers] for m in (stock, mine)]
+    for step in (rows, mx.array([[11], [12]]), mx.array([[3, 4, 5], [6, 7, 8]])):
+        got, want = mine(step, cache=caches[1]), stock(step, cache=caches[0])
+        real = slice(2, None) if step is rows else slice(None)  # a padding row sees nothing: its logits are moot
+        assert mx.allclose(got[:1, real], want[:1, real], rtol=1e-4, atol=1e-4).item()
+        assert mx.allclose(got[1:], want[1:], rtol=1e-4, atol=1e-4).item()
