@@ -3,18 +3,23 @@
 A plain step of the default model runs ~900 MLX ops, most of them small (norms, reshapes, RoPE,
 residual adds), and building and dispatching them one by one from Python cost about as much as
 reading the weights (README, "What a step costs"). Each llama decoder layer here runs as:
-`before` (input norm, q/k/v products, head split, RoPE at the cache's offset) and `after` (head
-merge, o product, residual, post norm, MLP, residual), each an `mx.compile`d graph, with the cache
-update and attention between them as mlx-lm runs them, so every cache type, mask and attention
-path still works. Measured on a 2-core AMD EPYC (paired step by step with the stock layer, rows
-kernel on): a plain step 0.84x, verify of 2, 3, 5 and 8 rows 0.91x, 0.91x, 0.93x and 0.95x, with
-logits bit-identical.
+`before` (input norm, q/k/v products, head split, RoPE at the cache's offset) and `after` (o
+product of the merged heads, residual, post norm, MLP, residual), each an `mx.compile`d graph, with
+the cache update (mlx-lm's, so every cache type works) and the attention between them. Measured on a
+2-core AMD EPYC (paired step by step with the stock layer, rows kernel on): a plain step 0.84x,
+verify of 2, 3, 5 and 8 rows 0.91x, 0.91x, 0.93x and 0.95x, with logits bit-identical.
+
+The attention is the fused few-rows kernel (kernels/rows_matmul/attention.cpp) where the layers were
+installed with it (no mask, causal, or a boolean mask; float32, unquantized cache), else mlx-lm's.
+It is not bit-identical to mlx-lm's (within float tolerance), but each of its rows is the same
+whatever rows came with it, so a verify row still equals the plain step at its position.
 
 Compiled graphs are traced once per input shape, so only steps of at most MAX_ROWS rows per
-sequence at a cache's offset take them (decode, verify); prefill chunks, a forward without a cache and
-a draft tree's per-token positions (kernels/tree_verify.py) run the stock layer. A trace keeps the
-weights and the product path (kernels/rows_matmul.py) of its time: swapping the rows kernel in or
-out bumps `rows_matmul.swaps`, and the layers trace again.
+sequence at a cache's offset take them (decode, verify); prefill chunks and a forward without a cache
+run the stock layer. A draft tree's per-token positions (kernels/tree_verify.py) run the same two
+parts op by op (a new shape each time) around the same attention, so a tree's nodes attend as a
+chain's rows do. A trace keeps the weights and the product path (kernels/rows_matmul.py) of its time:
+swapping the rows kernel in or out bumps `rows_matmul.swaps`, and the layers trace again.
 """
 
 from __future__ import annotations
