@@ -36,7 +36,7 @@ class ModelOwner(Actor):
 
     def __init__(self, model_path: Path, prefill_step: int = 2048, spec: SpecConfig = SpecConfig(),
                  batched: bool = False, rows_kernel: bool = True, prompt_cache: tuple[int, int] = (0, 0),
-                 compiled_layers: bool = True, fused_attention: bool = True):
+                 compiled_layers: bool = True, fused_kernels: bool = True):
         super().__init__()  # its inbox bound: Config.actors
         self.model_path = model_path
         self.prefill_step = prefill_step
@@ -44,7 +44,7 @@ class ModelOwner(Actor):
         self.batched = batched  # mtp_batch: decoding sequences share one batch cache
         self.rows_kernel = rows_kernel
         self.compiled_layers = compiled_layers
-        self.fused_attention = fused_attention
+        self.fused_kernels = fused_kernels
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-owner", initializer=self._started)
         self._native_id: int | None = None  # the owner thread's, once it runs (teardown waits for its end)
         self.engine = None
@@ -103,11 +103,11 @@ class ModelOwner(Actor):
             self.pids = join(self.channel, self.model_path, [self.prefill_step, self.spec, self.batched,
                                                              self.rows_kernel, self.prompt_cache, self.parallel])
         loaded = load(self.model_path, self.rows_kernel, self.channel, self.parallel,
-                      compiled=self.compiled_layers, fused_attention=self.fused_attention)
+                      compiled=self.compiled_layers, fused_kernels=self.fused_kernels)
         spec = self.spec
         drafter_kind, drafter = build_drafter(spec.drafter, loaded.model, self.model_path, spec.draft_model,
                                               spec.mtp_head, self.rows_kernel, self.compiled_layers,
-                                              self.fused_attention)
+                                              self.fused_kernels)
         from kernels.prompt_store import PromptStore
 
         share = loaded.layout[1] if loaded.layout else 1

@@ -10,9 +10,10 @@ the cache update (mlx-lm's, so every cache type works) and the attention between
 verify of 2, 3, 5 and 8 rows 0.91x, 0.91x, 0.93x and 0.95x, with logits bit-identical.
 
 The attention is the fused few-rows kernel (kernels/rows_matmul/attention.cpp) where the layers were
-installed with it (no mask, causal, or a boolean mask; float32, unquantized cache), else mlx-lm's.
-It is not bit-identical to mlx-lm's (within float tolerance), but each of its rows is the same
-whatever rows came with it, so a verify row still equals the plain step at its position.
+installed with it (no mask, causal, or a boolean mask; float32, unquantized cache), else mlx-lm's;
+so is the MLP's SwiGLU (activation.cpp). They are not bit-identical to mlx-lm's ops (within float
+tolerance), but each row is computed alone, the same whatever rows came with it, so a verify row
+still equals the plain step at its position.
 
 Compiled graphs are traced once per input shape, so only steps of at most MAX_ROWS rows per
 sequence at a cache's offset take them (decode, verify); prefill chunks and a forward without a cache
@@ -95,6 +96,16 @@ def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache
     return output.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
 
 
+def _mlp(block, x: mx.array) -> mx.array:
+    """The block's MLP (llama's, or the MTP head's of the same form: down(silu(gate x) * up x)), its
+    SwiGLU on the fused kernel (kernels/rows_matmul/activation.cpp) where the layer was installed with it."""
+    mlp = block.mlp
+    fused = rows_matmul.load() if getattr(block, "_fused", False) else None
+    if fused is None or x.dtype != mx.float32:
+        return mlp(x)
+    return mlp.down_proj(fused.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+
+
 def _graphs(block):
     graphs = getattr(block, "_compiled", None)
     if graphs is None or graphs[0] != rows_matmul.swaps:
@@ -117,35 +128,35 @@ def _parts(block: TransformerBlock):
 
     def after(x: mx.array, output: mx.array):
         h = x + attn.o_proj(output)
-        return h + block.mlp(block.post_attention_layernorm(h))
+        return h + _mlp(block, block.post_attention_layernorm(h))
 
     return before, after
 
 
-def install(model: nn.Module, fused_attention: bool = True) -> int:
+def install(model: nn.Module, fused_kernels: bool = True) -> int:
     """Compile the target's llama decoder layers (no other kind of layer is touched), their attention
-    fused where fused_attention and the kernel builds here; how many."""
+    and SwiGLU fused where fused_kernels and the kernels build here; how many."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    return sum(_swap_in(layer, (TransformerBlock, CompiledBlock), CompiledBlock, fused_attention) for layer in layers)
+    return sum(_swap_in(layer, (TransformerBlock, CompiledBlock), CompiledBlock, fused_kernels) for layer in layers)
 
 
-def install_head(head: nn.Module, fused_attention: bool = True) -> int:
+def install_head(head: nn.Module, fused_kernels: bool = True) -> int:
     """Compile an MTP head's blocks for serving (its weights fixed from here on); how many."""
     layers = getattr(head, "layers", None) or []
-    return sum(_swap_in(layer, (MTPBlock, CompiledMTPBlock), CompiledMTPBlock, fused_attention) for layer in layers)
+    return sum(_swap_in(layer, (MTPBlock, CompiledMTPBlock), CompiledMTPBlock, fused_kernels) for layer in layers)
 
 
-def _swap_in(layer, kinds: tuple[type, ...], compiled: type, fused_attention: bool) -> bool:
+def _swap_in(layer, kinds: tuple[type, ...], compiled: type, fused_kernels: bool) -> bool:
     if type(layer) not in kinds:
         return False
     layer.__class__ = compiled
     object.__setattr__(layer, "_compiled", None)
-    object.__setattr__(layer, "_fused", fused_attention and rows_matmul.available())
+    object.__setattr__(layer, "_fused", fused_kernels and rows_matmul.available())
     return True
 
 
 def fused(model: nn.Module) -> bool:
-    """Whether the model's compiled layers run the fused attention."""
+    """Whether the model's compiled layers run the fused kernels."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     return any(getattr(layer, "_fused", False) for layer in layers if type(layer) is CompiledBlock)
 

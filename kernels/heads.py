@@ -82,7 +82,7 @@ def find_mtp_head(model_dir: Path, explicit: str | None = None) -> Path | None:
 
 
 def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, mtp_head: str | None,
-                  rows_kernel: bool = True, compiled: bool = True, fused_attention: bool = True):
+                  rows_kernel: bool = True, compiled: bool = True, fused_kernels: bool = True):
     """(resolved kind, engine-side drafter or None). n-gram and none need nothing on the owner.
     compiled: an MTP head's block runs as compiled graphs, as the target's layers do (--compiled-layers)."""
     from kernels.loader import use_rows_kernel
@@ -101,7 +101,7 @@ def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, m
         if compiled:
             from kernels import compiled_blocks
 
-            compiled_blocks.install_head(head, fused_attention)
+            compiled_blocks.install_head(head, fused_kernels)
         return kind, MtpDrafter(head, target)
     if kind == "draft-model":
         from kernels.drafters import DraftModelDrafter

@@ -54,11 +54,10 @@ class LoadedModel:
 
 
 def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str = "auto",
-         compiled: bool = True, fused_attention: bool = True) -> LoadedModel:
+         compiled: bool = True, fused_kernels: bool = True) -> LoadedModel:
     """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False, its
     decoder layers' decode and verify work compiled (kernels/compiled_blocks.py) unless compiled is
-    False (their attention fused, kernels/rows_matmul/attention.cpp, unless fused_attention is
-    False). With a kernels.group Channel, this rank's part of it (kernels/sharding.py), split before
+    False (their attention and SwiGLU on kernels/rows_matmul/ unless fused_kernels is False). With a kernels.group Channel, this rank's part of it (kernels/sharding.py), split before
     its weights are read; every rank of the group calls this together (its layers run stock: a
     shard's products end in a collective sum)."""
     path = Path(path)
@@ -80,8 +79,8 @@ def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str
     if compiled and channel is None:
         from kernels import compiled_blocks
 
-        if compiled_blocks.install(model, fused_attention):
-            matmul += ", compiled layers" + (", fused attention" if compiled_blocks.fused(model) else "")
+        if compiled_blocks.install(model, fused_kernels):
+            matmul += ", compiled layers" + (", fused kernels" if compiled_blocks.fused(model) else "")
     return LoadedModel(model, path, config, matmul=matmul, layout=layout)
 
 

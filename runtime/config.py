@@ -54,9 +54,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     compiled_layers: doc(bool, "run each decoder layer's decode and verify work as compiled MLX graphs "
                                "(kernels/compiled_blocks.py; llama-shaped models, one machine); off: "
                                "mlx-lm's layers op by op") = True
-    fused_attention: doc(bool, "compiled layers attend over the KV cache with metrale's fused few-rows kernel "
-                               "(kernels/rows_matmul/attention.cpp, built with the rows kernel); off: "
-                               "MLX's attention ops") = True
+    fused_kernels: doc(bool, "compiled layers run attention over the KV cache and the MLP's SwiGLU with "
+                             "metrale's fused few-rows kernels (kernels/rows_matmul/attention.cpp, "
+                             "activation.cpp; built with the rows kernel); off: MLX's ops") = True
     # mlx-lm's server keeps 10 entries; 1 GiB holds ~23k tokens of the default model's KV (46 KB each)
     prompt_cache_size: doc(int, "finished requests whose KV (and drafter state) the prompt cache keeps for "
                                 "later prompts that share a prefix, at most (0: no prompt cache)") = 10

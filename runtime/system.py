@@ -223,7 +223,7 @@ def owner_args(config: Config, model_dir: Path) -> tuple[tuple, dict]:
     args = (model_dir, config.model.prefill_step, config.spec)
     batched = config.scheduler.mode == "mtp_batch"
     return args, {"batched": batched, "rows_kernel": config.model.rows_kernel,
-                  "compiled_layers": config.model.compiled_layers, "fused_attention": config.model.fused_attention,
+                  "compiled_layers": config.model.compiled_layers, "fused_kernels": config.model.fused_kernels,
                   "prompt_cache": (config.model.prompt_cache_size, config.model.prompt_cache_bytes)}
 
 

@@ -17,6 +17,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "activation.h"
 #include "attention.h"
 #include "vectors.h"
 
@@ -275,4 +276,5 @@ NB_MODULE(_rows_matmul, m) {
   m.attr("MAX_ROWS") = kMaxRows;
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
+  m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up"));
 }

@@ -5,8 +5,8 @@ n rows of K + 1 tokens over a cached context, trimmed back after each call. Four
 MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
 picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), and that with the decoder
 layers compiled (kernels/compiled_blocks.py) with the fused few-rows attention
-(kernels/rows_matmul/attention.cpp), the path `metrale serve` runs by default; the compiled layers
-with MLX's attention ops run too, and per width the fused attention's time over theirs is printed. A BLAS is
+(kernels/rows_matmul/attention.cpp) and SwiGLU, the path `metrale serve` runs by default; the compiled layers
+with MLX's ops there run too, and per width the fused kernels' time over theirs is printed. A BLAS is
 bound when MLX loads, so each BLAS runs in its own child process; the kernel and the compiled
 layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
@@ -65,8 +65,8 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     if rows_matmul.available():
         paths["kernel"] = lambda: (rows_matmul.install(model), compiled_blocks.uninstall(model))
     kernel = (lambda: rows_matmul.install(model)) if rows_matmul.available() else (lambda: None)
-    paths["mlx attention"] = lambda: (kernel(), compiled_blocks.install(model, fused_attention=False))
-    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model))  # the served path: attention fused
+    paths["mlx ops"] = lambda: (kernel(), compiled_blocks.install(model, fused_kernels=False))
+    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model))  # the served path: fused kernels
     ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     for width in widths:
         probe = VerifyProbe(model, width, context, max_k)
@@ -88,7 +88,7 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     base = "kernel" if "kernel" in ms else "stock"
     out["paired_against"] = "rows kernel" if base == "kernel" else "stock"
     out["paired"] = {cell: paired_median(v, ms[base][cell]) for cell, v in ms["compiled"].items()}
-    out["fused_vs_mlx"] = {cell: paired_median(v, ms["mlx attention"][cell]) for cell, v in ms["compiled"].items()}
+    out["fused_vs_mlx"] = {cell: paired_median(v, ms["mlx ops"][cell]) for cell, v in ms["compiled"].items()}
     out["compiled_vs_stock"] = {cell: paired_median(v, ms["stock"][cell]) for cell, v in ms["compiled"].items()}
     if rows_matmul.available():  # what routed the kernel: its time over this BLAS's at each row count
         out["kernel_vs_blas"] = rows_matmul.row_ratios(rows_matmul.products(model), repeats)
@@ -165,7 +165,7 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
               f"median of each repeat's ratio: {paired}")
     for width in widths:
         paired = " ".join(f"K={k} {chosen['fused_vs_mlx'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
-        print(f"width {width}: fused attention / MLX's attention (both compiled layers), "
+        print(f"width {width}: fused kernels / MLX's attention and SwiGLU (both compiled layers), "
               f"median of each repeat's ratio: {paired}")
     if chosen.get("kernel_vs_blas"):
         by_rows = " ".join(f"{rows}:{ratio:.2f}" for rows, ratio in sorted(chosen["kernel_vs_blas"].items(),

@@ -1,8 +1,8 @@
 """Compiled decoder layers (kernels/compiled_blocks.py) give the stock layers' logits bit for bit: on
 tiny random llamas of random shapes at every step kind (prefill, decode, verify, a left-padded batch
 cache), on the default model's weights, and after the rows kernel is swapped out under them. These run
-the compiled layers with mlx-lm's attention; the fused attention, which is not bit-identical to it,
-has its own tests (tests/unit/test_fused_attention.py)."""
+the compiled layers with mlx-lm's ops; the fused kernels, which are not bit-identical to them,
+have their own tests (tests/unit/test_fused_kernels.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tests.tiny import tiny_llama
 
 
 def twins(seed: int, **shape):
-    """The same random llama twice: one stock, one with compiled layers (mlx-lm's attention)."""
+    """The same random llama twice: one stock, one with compiled layers (mlx-lm's ops)."""
     stock, mine = tiny_llama(seed=seed, **shape), tiny_llama(seed=seed, **shape)
-    assert compiled_blocks.install(mine, fused_attention=False) == len(mine.model.layers)
+    assert compiled_blocks.install(mine, fused_kernels=False) == len(mine.model.layers)
     return stock, mine
 
 
@@ -70,7 +70,7 @@ def test_the_default_models_weights_give_the_stock_logits():
 
     if not (default_model_dir() / "config.json").exists():
         pytest.skip("default model not fetched")
-    served, stock = load(default_model_dir(), fused_attention=False), load(default_model_dir(), compiled=False)
+    served, stock = load(default_model_dir(), fused_kernels=False), load(default_model_dir(), compiled=False)
     assert served.matmul.endswith(", compiled layers") and "compiled" not in stock.matmul
     caches = make_prompt_cache(served.model), make_prompt_cache(stock.model)
     for step in (mx.array([[1, 504, 3458, 314, 2]]), mx.array([[28]]), mx.array([[11, 905, 42, 7]])):
@@ -90,7 +90,7 @@ def test_a_compiled_mtp_head_block_gives_the_stock_outputs(seed, steps, gated):
                                  intermediate_size=64, gated_attention=gated))
 
     stock, mine = head(), head()
-    assert compiled_blocks.install_head(mine, fused_attention=False) == 1
+    assert compiled_blocks.install_head(mine, fused_kernels=False) == 1
     target = tiny_llama(seed=seed, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
     embed, norm = target.model.embed_tokens, target.model.norm
     caches = stock.make_cache(), mine.make_cache()

@@ -1,11 +1,12 @@
-"""The fused few-rows attention (kernels/rows_matmul/attention.cpp): MLX's attention within float
-tolerance on random shapes, cache views and masks; each row bit for bit the same whatever rows came
-with it (a verify row is the plain step at its position); and the compiled layers that run it give
-the stock layers' logits within tolerance, at every step kind."""
+"""The fused few-rows kernels (kernels/rows_matmul/attention.cpp, activation.cpp): MLX's attention and
+SwiGLU within float tolerance on random shapes, cache views and masks; each row bit for bit the same
+whatever rows came with it (a verify row is the plain step at its position); and the compiled layers
+that run them give the stock layers' logits within tolerance, at every step kind."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,6 +85,28 @@ def test_bad_inputs_are_refused():
         fused(q, k, k, 0.25, True)  # 3 query heads over 2 key heads
     with pytest.raises(ValueError):
         fused(q.astype(mx.float16), k[:, :1], k[:, :1], 0.25, True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, 40), min_size=1, max_size=3), st.floats(0.1, 30.0))
+def test_swiglu_matches_mlx(seed, shape, spread):
+    gate = mx.random.normal(shape, key=mx.random.key(seed)) * spread
+    up = mx.random.normal(shape, key=mx.random.key(seed + 1))
+    got, want = rows_matmul.load().swiglu(gate, up), nn.silu(gate) * up
+    assert got.shape == want.shape and mx.allclose(got, want, rtol=1e-5, atol=1e-6).item()
+
+
+def test_swiglu_at_the_ends_of_the_range():
+    gate = mx.array([-1e4, -200.0, -88.0, -1e-8, 0.0, 1e-8, 88.0, 200.0, 1e4])
+    got = rows_matmul.load().swiglu(gate, mx.ones_like(gate))
+    assert mx.allclose(got, nn.silu(gate), rtol=1e-6, atol=1e-30).item() and not mx.isnan(got).any().item()
+
+
+def test_swiglu_rows_are_bit_for_bit_alone():
+    gate, up = mx.random.normal((1, 5, 1536)), mx.random.normal((1, 5, 1536))
+    together = rows_matmul.load().swiglu(gate, up)
+    for i in range(5):
+        assert mx.array_equal(together[:, i], rows_matmul.load().swiglu(gate[:, i], up[:, i])).item()
 
 
 @settings(max_examples=10, deadline=None)
