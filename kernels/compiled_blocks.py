@@ -89,7 +89,8 @@ def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache
     if fused is not None and not hasattr(cache, "bits") and queries.dtype == keys.dtype == mx.float32:
         if mask is None or (isinstance(mask, str) and mask == "causal"):
             return fused.few_rows_attention(queries, keys, values, scale, mask is not None, None)
-        if isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+        fits = isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim <= 4
+        if fits and mask.shape[-2:] == (queries.shape[2], keys.shape[2]):  # else (a window's mask, say) mlx-lm's
             return fused.few_rows_attention(queries, keys, values, scale, False, mask)
     output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale, mask=mask)
     batch, _, rows, _ = output.shape

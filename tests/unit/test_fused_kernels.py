@@ -133,3 +133,16 @@ def test_a_left_padded_batch_cache_takes_its_mask():
         real = slice(2, None) if step is rows else slice(None)  # a padding row sees nothing: its logits are moot
         assert mx.allclose(got[:1, real], want[:1, real], rtol=1e-4, atol=1e-4).item()
         assert mx.allclose(got[1:], want[1:], rtol=1e-4, atol=1e-4).item()
+
+
+def test_a_mask_of_another_shape_takes_mlx_attention():
+    model = tiny_llama(seed=4)
+    compiled_blocks.install(model)
+    block, cache = model.model.layers[0], make_prompt_cache(model)[0]
+    q, k = mx.random.normal((1, 4, 2, 8)), mx.random.normal((1, 2, 6, 8))
+    mask = mx.ones((2, 7), dtype=mx.bool_)[:, 1:]  # right rows, a wider window's columns cut by the caller
+    wide = mx.ones((2, 9), dtype=mx.bool_)  # not [rows, keys]: the fused kernel must not take it
+    want = merged(mx.fast.scaled_dot_product_attention(q, k, k, scale=block.self_attn.scale, mask=mask))
+    assert mx.allclose(compiled_blocks._attention(block, q, k, k, cache, mask), want, atol=1e-5).item()
+    with pytest.raises(ValueError):  # mlx-lm's attention refuses it, as it would without the kernel
+        mx.eval(compiled_blocks._attention(block, q, k, k, cache, wide))
