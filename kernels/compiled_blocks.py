@@ -85,7 +85,7 @@ def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache
     (kernels/rows_matmul/attention.cpp) where the layer was installed with it and it takes this step
     (float32, an unquantized cache, no mask, causal, or a boolean mask), else mlx-lm's."""
     scale = block.self_attn.scale
-    fused = rows_matmul.load() if getattr(block, "_fused", False) else None
+    fused = _fused_kernels(block)
     if fused is not None and not hasattr(cache, "bits") and queries.dtype == keys.dtype == mx.float32:
         if mask is None or (isinstance(mask, str) and mask == "causal"):
             return fused.few_rows_attention(queries, keys, values, scale, mask is not None, None)
@@ -101,10 +101,15 @@ def _mlp(block, x: mx.array) -> mx.array:
     """The block's MLP (llama's, or the MTP head's of the same form: down(silu(gate x) * up x)), its
     SwiGLU on the fused kernel (kernels/rows_matmul/activation.cpp) where the layer was installed with it."""
     mlp = block.mlp
-    fused = rows_matmul.load() if getattr(block, "_fused", False) else None
+    fused = _fused_kernels(block)
     if fused is None or x.dtype != mx.float32:
         return mlp(x)
     return mlp.down_proj(fused.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+
+
+def _fused_kernels(block):
+    """The kernels' module where the layer was installed with the fused kernels, else None."""
+    return rows_matmul.load() if getattr(block, "_fused", False) else None
 
 
 def _graphs(block):

@@ -57,8 +57,9 @@ def load(path: Path | str, rows_kernel: bool = True, channel=None, parallel: str
          compiled: bool = True, fused_kernels: bool = True) -> LoadedModel:
     """The model, its few-row products on kernels/rows_matmul.py unless rows_kernel is False, its
     decoder layers' decode and verify work compiled (kernels/compiled_blocks.py) unless compiled is
-    False (their attention and SwiGLU on kernels/rows_matmul/ unless fused_kernels is False). With a kernels.group Channel, this rank's part of it (kernels/sharding.py), split before
-    its weights are read; every rank of the group calls this together (its layers run stock: a
+    False (their attention and SwiGLU on kernels/rows_matmul/ unless fused_kernels is False). With a
+    kernels.group Channel, this rank's part of it (kernels/sharding.py), split before its weights are
+    read; every rank of the group calls this together (its layers run stock: a
     shard's products end in a collective sum)."""
     path = Path(path)
     if not (path / "config.json").exists():

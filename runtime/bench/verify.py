@@ -1,12 +1,12 @@
 """metrale bench verify: what a plain step and a verify of K drafts cost, against the memory-bound limit.
 
 verify(n, K) is the probe `metrale calibrate` times (kernels/calibrate.py): one target forward of
-n rows of K + 1 tokens over a cached context, trimmed back after each call. Four paths, in one run:
+n rows of K + 1 tokens over a cached context, trimmed back after each call. Five paths, in one run:
 MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
-picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), and that with the decoder
-layers compiled (kernels/compiled_blocks.py) with the fused few-rows attention
-(kernels/rows_matmul/attention.cpp) and SwiGLU, the path `metrale serve` runs by default; the compiled layers
-with MLX's ops there run too, and per width the fused kernels' time over theirs is printed. A BLAS is
+picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), that with the decoder layers
+compiled (kernels/compiled_blocks.py) around MLX's attention and SwiGLU, and with the fused few-rows
+attention and SwiGLU (kernels/rows_matmul/attention.cpp, activation.cpp) there: the path `metrale
+serve` runs by default. Per width, the fused kernels' time over MLX's ops is printed too. A BLAS is
 bound when MLX loads, so each BLAS runs in its own child process; the kernel and the compiled
 layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
