@@ -13,13 +13,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
-import json
-import os
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -37,8 +33,6 @@ _rows_chosen = False
 # Bumped whenever a product's path may have changed (layers swapped, row counts chosen): graphs traced
 # before (kernels/compiled_blocks.py) trace again.
 swaps = 0
-VERDICTS = BUILD_ROOT / "rows-verdicts.json"  # per machine, BLAS and model shapes: timed once
-WIN_RATIO = 0.97  # the kernel takes a row count only when clearly faster: a tie keeps MLX's path
 
 
 def available() -> bool:
@@ -146,46 +140,6 @@ def taken_rows() -> frozenset[int]:
     return _rows
 
 
-def choose_rows(weights: list[mx.array], repeats: int = 5) -> frozenset[int]:
-    """The row counts at which the kernel beats MLX's matmul on these weights on this machine: the
-    kernel needs a median ratio under WIN_RATIO (row_ratios). (A BLAS may have a matrix-vector path
-    that wins for 1-3 rows and pack the weights from 4; the kernel's per-call start costs show only
-    when the small products are timed with the large.)"""
-    return frozenset(rows for rows, ratio in row_ratios(weights, repeats).items() if ratio < WIN_RATIO)
-
-
-def row_ratios(weights: list[mx.array], repeats: int = 5) -> dict[int, float]:
-    """Per row count 1..MAX_ROWS, the kernel's time over MLX's matmul (median of paired calls): every
-    weight multiplied once, as a step does, by both paths back to back in alternating order."""
-    module = load()
-    if module is None:
-        return {}
-    found = {}
-    for rows in range(1, module.MAX_ROWS + 1):
-        xs = {k: mx.random.normal((rows, k)) for k in {w.shape[1] for w in weights}}
-        mx.eval(list(xs.values()))
-        stock = lambda: mx.eval([xs[w.shape[1]] @ w.T for w in weights])  # noqa: E731
-        mine = lambda: mx.eval([module.rows_matmul(xs[w.shape[1]], w) for w in weights])  # noqa: E731
-        stock(), mine()  # warm: the first calls pay for page faults and thread starts
-        found[rows] = statistics.median(_paired_ratio(mine, stock, mine_first=i % 2 == 1) for i in range(repeats))
-    return found
-
-
-def _paired_ratio(mine, stock, mine_first: bool) -> float:
-    """mine's time over stock's, run back to back in the order given (alternated by the caller)."""
-    if mine_first:
-        ms_mine = _ms(mine)
-        return ms_mine / _ms(stock)
-    ms_stock = _ms(stock)
-    return _ms(mine) / ms_stock
-
-
-def _ms(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 class RowsLinear(nn.Module):
     """A bias-free float32 nn.Linear whose few-row products go through the kernel."""
 
@@ -233,6 +187,8 @@ def choose_for(model: nn.Module) -> frozenset[int]:
     """The row counts the kernel takes: the first model's products decide, once per machine."""
     global _rows, _rows_chosen, swaps
     if not _rows_chosen and load() is not None:
+        from kernels.rows_verdict import rows_for
+
         _rows, _rows_chosen, swaps = rows_for(products(model)), True, swaps + 1
     return _rows
 
@@ -242,45 +198,6 @@ def adopt(rows) -> None:
     compute their replicated parts (the LM head) alike, so they all take rank 0's."""
     global _rows, _rows_chosen, swaps
     _rows, _rows_chosen, swaps = frozenset(rows), True, swaps + 1
-
-
-def rows_for(weights: list[mx.array]) -> frozenset[int]:
-    """The verdict kept for this machine, BLAS, build and these shapes, else timed now and kept
-    (one verdict for every process: a noisy start cannot route one server differently)."""
-    key = verdict_key(weights)
-    verdicts = _read_verdicts()
-    if key in verdicts:
-        return frozenset(verdicts[key])
-    rows = choose_rows(weights)
-    verdicts[key] = sorted(rows)
-    _write_verdicts(verdicts)
-    return rows
-
-
-def verdict_key(weights: list[mx.array]) -> str:
-    from kernels import BLAS
-    from runtime.blas import hash_text
-
-    shapes = " ".join(f"{a}x{b}" for a, b in sorted(tuple(w.shape) for w in weights))
-    return f"{build_key(SOURCE)} | {BLAS.split(' ', 1)[0]} | {hash_text(shapes)}"
-
-
-def _read_verdicts() -> dict:
-    try:
-        found = json.loads(VERDICTS.read_text())
-        return found if isinstance(found, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_verdicts(verdicts: dict) -> None:
-    try:
-        VERDICTS.parent.mkdir(parents=True, exist_ok=True)
-        tmp = VERDICTS.with_name(f"{VERDICTS.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(verdicts, indent=2) + "\n")
-        os.replace(tmp, VERDICTS)
-    except OSError:
-        pass  # a read-only environment times the row counts at every start instead
 
 
 def products(model: nn.Module) -> list[mx.array]:

@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
 def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict:
     """This process's BLAS: stock and kernel ms per (width, K), model bytes, the breakdown."""
     import kernels
-    from kernels import compiled_blocks, rows_matmul, step_profile
+    from kernels import compiled_blocks, rows_matmul, rows_verdict, step_profile
     from kernels.calibrate import VerifyProbe
     from kernels.cell_timer import CellTimer
     from kernels.default_model import ensure_default_model
@@ -91,8 +91,8 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> dict
     out["fused_vs_mlx"] = {cell: paired_median(v, ms["mlx ops"][cell]) for cell, v in ms["compiled"].items()}
     out["compiled_vs_stock"] = {cell: paired_median(v, ms["stock"][cell]) for cell, v in ms["compiled"].items()}
     if rows_matmul.available():  # what routed the kernel: its time over this BLAS's at each row count
-        out["kernel_vs_blas"] = rows_matmul.row_ratios(rows_matmul.products(model), repeats)
-        out["kernel_win_ratio"] = rows_matmul.WIN_RATIO
+        out["kernel_vs_blas"] = rows_verdict.row_ratios(rows_matmul.products(model), repeats)
+        out["kernel_win_ratio"] = rows_verdict.WIN_RATIO
     if breakdown and step_profile.supported(model):
         out["breakdown"] = {}
         for path, use in paths.items():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import rows_matmul
+from kernels import rows_matmul, rows_verdict
 
 pytestmark = pytest.mark.skipif(not rows_matmul.available(), reason=f"rows kernel {rows_matmul.status()}")
 
@@ -82,8 +82,36 @@ def test_product_routes_the_row_counts_the_kernel_won_and_no_others(monkeypatch)
 
 
 def test_choose_rows_keeps_only_counts_where_the_kernel_was_faster():
-    rows = rows_matmul.choose_rows([mx.random.normal((4096, 256))], repeats=3)
+    rows = rows_verdict.choose_rows([mx.random.normal((4096, 256))], repeats=3)
     assert rows <= frozenset(range(1, rows_matmul.load().MAX_ROWS + 1))
+
+
+def test_a_row_count_that_disagrees_with_its_neighbours_is_timed_again(monkeypatch):
+    """One stalled timing (2 rows read 1.5x) is re-timed and loses its hole; a true crossover
+    (MLX's path winning 1-3 rows) keeps its verdict however often it is re-timed."""
+    calls = []
+
+    def paired(truth, stall):
+        def timed(weights, counts, repeats):
+            counts = list(counts or range(1, 17))
+            calls.append(counts)
+            first = len(calls) == 1
+            return {r: [stall if first and r == 2 else truth(r)] * repeats for r in counts}
+        return timed
+
+    monkeypatch.setattr(rows_verdict, "_paired", paired(lambda r: 0.2, stall=1.5))
+    assert rows_verdict.choose_rows([], repeats=3) == frozenset(range(1, 17))
+    assert calls[1] == [1, 2, 3]
+    calls.clear()
+    monkeypatch.setattr(rows_verdict, "_paired", paired(lambda r: 1.2 if r <= 3 else 0.5, stall=1.2))
+    assert rows_verdict.choose_rows([], repeats=3) == frozenset(range(4, 17))
+    assert len(calls) == 1 + rows_verdict.RETIMES and all(c == [3, 4] for c in calls[1:])
+
+
+def test_disagreeing_counts_are_the_ones_beside_a_change():
+    wins = {1: True, 2: False, 3: True, 4: True, 5: False, 6: False}
+    assert rows_verdict._disagreeing(wins) == [1, 2, 3, 4, 5]
+    assert rows_verdict._disagreeing({r: True for r in range(1, 9)}) == []
 
 
 def test_install_swaps_linear_layers_and_a_tied_head_and_uninstall_restores_them():
