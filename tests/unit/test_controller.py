@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import structlog
 
 from runtime.content_phase import Phase
-from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController
+from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController, SeqView, plan_step
 from runtime.cost_prior import load_prior, save_learned
 from runtime.cost_table import load_table
 from runtime.eligibility import ThinkProgress
@@ -181,3 +181,24 @@ def test_a_draft_that_catches_up_first_is_not_the_draft_cells_cost():
     ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE)
     ctl.step_starting(0.0)
     assert ctl.costs.cost("draft", 1, depth).ms > before * 1.5
+
+
+def _explore_one(verify_ms, upper, mean=(0.01, 0.01, 0.01)):
+    table = make_table(meta=META, widths=(1,), depths=(0, 1, 2, 3),
+                       verify=lambda n, k: Cost(ms=verify_ms[k], joules=verify_ms[k] / 50),
+                       draft=lambda n, k: Cost(ms=0.0, joules=0.0),
+                       calibration=AcceptanceCalibration(by_depth=(0.3, 0.2, 0.1)))
+    view = SeqView("balanced", mean, upper)
+    return plan_step([view], table, max_k=3, slack=0.1, mtp_max_seqs=32, explore=True, allowance_ms=1e6)
+
+
+def test_exploration_tries_the_shallowest_depth_the_upper_bounds_pay_at():
+    # The bounds' best is depth 3 (each draft nearly free, 0.9 accepted), yet depth 1 pays too: the
+    # cheaper experiment, and the cell whose cost decides whether to draft at all.
+    plan = _explore_one((80, 85, 90, 95), upper=(0.9, 0.9, 0.9))
+    assert plan.exploring and plan.depths == (1,)
+    # Depth 1 cannot pay even at the bounds (its verify dearer than depth 2's): depth 2 is tried.
+    plan = _explore_one((80, 130, 100, 140), upper=(0.5, 0.5, 0.5))
+    assert plan.exploring and plan.depths == (2,)
+    # Nothing pays at the bounds: no exploration.
+    assert not _explore_one((80, 200, 300, 400), upper=(0.5, 0.5, 0.5)).speculates
