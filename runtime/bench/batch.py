@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
+import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from runtime.bench import _plot
 from runtime.bench.common import table
@@ -81,14 +84,38 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
 
 async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
     from kernels.bare import BatchGeneratorRunner
+
+    codec = server.system.codec
+    async with _mlx_worker() as worker:
+        batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
+        return await _measure_with(server, worker, batchgen, widths, max_tokens, rounds, texts, systems,
+                                   plot_path)
+
+
+@contextlib.asynccontextmanager
+async def _mlx_worker():
+    """One thread for mlx-lm's generator, gone at the OS level before the command ends: its exit frees
+    the MLX compile cache it built, which takes the GIL; a default-executor thread still exiting while
+    the interpreter finalizes aborted the process ("terminate called without an active exception")."""
+    from actors.model_owner import thread_gone
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen")
+    try:
+        yield pool
+    finally:
+        native_id = await asyncio.get_running_loop().run_in_executor(pool, threading.get_native_id)
+        pool.shutdown(wait=True)
+        await thread_gone(native_id)
+
+
+async def _measure_with(server, worker, batchgen, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
     from runtime.bench.serving import pooled
 
     codec = server.system.codec
-    batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
     rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
     warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
     for name in systems:  # untimed: first runs page weights in and build every code path once
-        await _one_run(name, server, batchgen, texts[:1], warm, 4, Counter())
+        await _one_run(name, server, worker, batchgen, texts[:1], warm, 4, Counter())
     for width in widths:
         prompts = [texts[i % len(texts)] for i in range(width)]
         ids = [codec.encode(codec.chat_text(_chat(p))) for p in prompts]
@@ -96,7 +123,7 @@ async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path
         spec_steps = Counter()
         for r in range(rounds):
             for name in round_order(systems, r):
-                runs[name].append(await _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps))
+                runs[name].append(await _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spec_steps))
         off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
         on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
         share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
@@ -176,7 +203,7 @@ def plot(points: list[tuple], last: str, path: str) -> None:
     _plot.save(fig, path, last)
 
 
-async def _one_run(name, server, batchgen, prompts, ids, max_tokens, spec_steps: Counter):
+async def _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spec_steps: Counter):
     from runtime.bench.serving import stream_clients
 
     if name == "batchgen":  # on a worker thread: its compiled graphs must be freed before the interpreter ends
