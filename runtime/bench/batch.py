@@ -78,18 +78,8 @@ async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts:
     from runtime.bench.serving import LoopbackServer
 
     with tempfile.TemporaryDirectory() as fresh:  # no learned table: the server starts as on a new machine
-        async with LoopbackServer(max(widths), port, learned_dir=fresh) as server:
-            return await _measure(server, widths, max_tokens, rounds, texts, systems, plot_path)
-
-
-async def _measure(server, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
-    from kernels.bare import BatchGeneratorRunner
-
-    codec = server.system.codec
-    async with _mlx_worker() as worker:
-        batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
-        return await _measure_with(server, worker, batchgen, widths, max_tokens, rounds, texts, systems,
-                                   plot_path)
+        async with LoopbackServer(max(widths), port, learned_dir=fresh) as server, _mlx_worker() as worker:
+            return await _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path)
 
 
 @contextlib.asynccontextmanager
@@ -108,10 +98,12 @@ async def _mlx_worker():
         await thread_gone(native_id)
 
 
-async def _measure_with(server, worker, batchgen, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
+async def _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
+    from kernels.bare import BatchGeneratorRunner
     from runtime.bench.serving import pooled
 
     codec = server.system.codec
+    batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
     rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
     warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
     for name in systems:  # untimed: first runs page weights in and build every code path once
@@ -123,7 +115,8 @@ async def _measure_with(server, worker, batchgen, widths, max_tokens, rounds, te
         spec_steps = Counter()
         for r in range(rounds):
             for name in round_order(systems, r):
-                runs[name].append(await _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spec_steps))
+                timing = await _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spec_steps)
+                runs[name].append(timing)
         off = round_ratios(runs["mtp_batch_off"], runs["batchgen"])
         on = round_ratios(runs["mtp_batch_on"], runs["mtp_batch_off"])
         share = spec_steps["mtp"] / max(1, sum(spec_steps.values()))
@@ -206,8 +199,8 @@ def plot(points: list[tuple], last: str, path: str) -> None:
 async def _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spec_steps: Counter):
     from runtime.bench.serving import stream_clients
 
-    if name == "batchgen":  # on a worker thread: its compiled graphs must be freed before the interpreter ends
-        return await asyncio.to_thread(batchgen.run, ids, max_tokens)
+    if name == "batchgen":  # on its own thread: the compiled graphs it builds are freed when that thread ends
+        return await asyncio.get_running_loop().run_in_executor(worker, batchgen.run, ids, max_tokens)
     before = Counter(await _steps_by_kind(server))
     timing = await stream_clients(server.url, prompts, max_tokens, disable_mtp=name != "mtp_batch_on")
     if name == "mtp_batch_on":
