@@ -35,6 +35,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
 from kernels.features import body, check_layers
+from kernels.mtp_chat_prompts import chat_prompts
 from kernels.loader import output_head
 from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, recipe
 
@@ -244,6 +245,8 @@ def _prompt_source(args: argparse.Namespace):
         return build_prompts(args.prompts, args.seed)
     if args.set == "code-tasks":
         return code_task_prompts(args.prompts, args.seed)
+    if args.set == "chat":
+        return chat_prompts(args.prompts, args.seed)
     return everyday_prompts(args.prompts, args.seed)
 
 
@@ -274,8 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--set", choices=["stdlib", "everyday", "code-tasks"], default="stdlib",
-                        help="prompts about the stdlib's code and docs, everyday chat, or programming tasks")
+    parser.add_argument("--set", choices=["stdlib", "everyday", "chat", "code-tasks"], default="stdlib",
+                        help="prompts about the stdlib's code and docs, everyday prose, conversational "
+                             "questions (kernels/mtp_chat_prompts.py), or programming tasks")
     parser.add_argument("--prompts", type=int, default=800)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--max-prompt-tokens", type=int, default=400)

@@ -291,5 +291,6 @@ def recipe() -> dict:
         "files": len(list(stdlib_dir().glob("*.py"))),
         "kinds": {"code": "write/test/rewrite/document code", "prose": "explain code and docs",
                   "general": "everyday chat about topics named by module docstrings",
-                  "everyday": "everyday prose (stories, letters, advice) about common topics"},
+                  "everyday": "everyday prose (stories, letters, advice) about common topics",
+                  "chat": "conversational questions: how and why, plans, recipes, advice, messages"},
     }
