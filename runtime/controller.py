@@ -24,7 +24,8 @@ from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance
 from runtime.content_phase import Phase, PhaseTracker
 from runtime.exploration import ExplorationBudget
 from runtime.online_cost import OnlineCostModel
-from runtime.plan import expected_tokens, propose_depth
+from runtime.plan import propose_depth
+from runtime.step_plan import Plan, SeqView, plan_step
 
 @dataclass
 class Learning:
@@ -72,72 +73,6 @@ class RequestControl:
     explored: bool = False
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One step: each sequence's draft depth (0: a plain row), and whether it explores."""
-
-    depths: tuple[int, ...]
-    exploring: bool = False
-
-    @property
-    def speculates(self) -> bool:
-        return any(self.depths)
-
-
-@dataclass(frozen=True)
-class SeqView:
-    objective: str
-    mean: tuple[float, ...]  # P(accept) at draft positions 1..max_k
-    upper: tuple[float, ...]  # its upper bounds
-
-
-def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, mtp_max_seqs: int,
-              explore: bool, allowance_ms: float | None, continuing: bool = False, optimistic=None) -> Plan:
-    """Each sequence's depth (None: not eligible, a plain row) by its objective at the batch's width;
-    where none pays, the depths the upper bounds choose (acceptance at its upper bound, costs at their
-    lower bound: the `optimistic` table) if the allowance covers the expected loss (None: no
-    exploration), or while a burst goes on (continuing) and the allowance is not spent. The one
-    implementation the served path and `metrale replay` both run."""
-    n = len(views)
-
-    def depth(view: SeqView | None, upper: bool, most: int = max_k) -> int:
-        if view is None:
-            return 0
-        return propose_depth(n, table=(optimistic or table) if upper else table,
-                             prior=view.upper if upper else view.mean, max_k=most, slack=slack,
-                             mtp_max_seqs=mtp_max_seqs, objective=view.objective).depth
-
-    depths = tuple(depth(v, False) for v in views)
-    if any(depths) or not explore or allowance_ms is None:
-        return Plan(depths)
-    upper = tuple(shallowest_paying(lambda most: depth(v, True, most), max_k) for v in views)
-    needed = 0.0 if continuing else expected_loss(table, views, upper)
-    if any(upper) and allowance_ms >= needed and (allowance_ms > 0 or not continuing):
-        return Plan(upper, exploring=True)
-    return Plan(depths)
-
-
-def shallowest_paying(depth_within, max_k: int) -> int:
-    """The depth the upper bounds choose within the shallowest cap at which they draft at all (0:
-    none). Exploring shallow first: the cheapest experiment, and the cell a mean plan flips on
-    first. Exploring the bounds' deepest choice measured only that cell, and the shallower ones
-    took its cost by their parents' correction: on a 2-core AMD EPYC, where a depth-2 verify costs
-    1.5x a plain step and depth 1 1.15x, depth 1 read 1.44x from 5 own steps and code stayed plain."""
-    for most in range(1, max_k + 1):
-        if (found := depth_within(most)) > 0:
-            return found
-    return 0
-
-
-def expected_loss(table, views: list[SeqView | None], depths: tuple[int, ...]) -> float:
-    """ms a step at these depths is expected to lose against plain decode, at the mean acceptance
-    (a plain row emits one token: expected_tokens of no drafts)."""
-    n = len(views)
-    tokens = sum(expected_tokens(v.mean[:d] if v else ()) for v, d in zip(views, depths))
-    plain = table.step_cost(n, 0).ms
-    return max(0.0, table.step_cost(n, max(depths)).ms - plain * tokens / n)
-
-
 class OnlineController:
     def __init__(self, costs: OnlineCostModel, *, max_k: int, slack: float, mtp_max_seqs: int,
                  budget: ExplorationBudget | None = None):
@@ -153,6 +88,7 @@ class OnlineController:
         self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
         self.catch_ups = 0  # drafts not counted as the draft cell's cost: they caught up first
+        self.viewed: tuple[tuple[str, ...], list[SeqView | None]] = ((), [])  # the latest plan's batch and views
 
     # --- requests --------------------------------------------------------------------------------
     def control(self, seq) -> RequestControl:
@@ -188,6 +124,7 @@ class OnlineController:
             return Plan((0,) * n)
         table = self.costs.table()
         views = [self.view(seq) if ok else None for seq, ok in zip(batch, eligible)]
+        self.viewed = (tuple(s.request_id for s in batch), views)
         plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
                          explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None,
                          continuing=self.burst_left > 0, optimistic=self.costs.optimistic_table())
@@ -272,6 +209,7 @@ class OnlineController:
             ctl.acceptance.note(ctl.phase, drafted, accepted, explored=self.explored_last)
 
     def step_passed(self, batch) -> None:
+        self.viewed = ((), [])  # evidence fades now: the views are the last step's
         for seq in batch:
             ctl = self.control(seq)
             ctl.acceptance.step(ctl.phase)
@@ -283,14 +221,20 @@ class OnlineController:
                 "acceptance": [round(p, 3) for p in ctl.acceptance.mean(ctl.phase, self.max_k)],
                 "depth": ctl.depth}
 
-    def consulted(self, seq) -> tuple[str, str, tuple[float, ...], tuple[float, ...]] | None:
+    def consulted(self, seq, view: SeqView | None = None) -> tuple[str, str, tuple[float, ...], tuple[float, ...]] | None:
         """Read-only, for decision traces: what plan() read for this sequence (objective, phase, the
-        acceptance mean and upper bound up to max_k); None where no state is held for it."""
+        acceptance mean and upper bound up to max_k; `view`: as plan() computed it); None where no
+        state is held for it."""
         ctl = self.requests.get(seq.request_id)
         if ctl is None:
             return None
-        view = self.view(seq)
+        view = view or self.view(seq)
         return view.objective, ctl.phase.value, view.mean, view.upper
+
+    def views_of(self, batch) -> list[SeqView | None] | None:
+        """The views the latest plan computed, where it was this batch's (else None)."""
+        ids, views = self.viewed
+        return views if ids == tuple(s.request_id for s in batch) else None
 
     def snapshot(self, active=()) -> dict:
         return {"cost_model": self.costs.snapshot() | {"drafts_catching_up": self.catch_ups},

@@ -131,9 +131,9 @@ def consult(policy, batch, choice, context_depth: int) -> Consulted:
 def controller_inputs(policy, batch, eligible) -> ControllerInputs:
     controller = policy.controller
     table = controller.costs.table()
-    seqs = []
-    for seq, ok in zip(batch, eligible):
-        read = controller.consulted(seq) if ok else None
+    seqs, planned = [], controller.views_of(batch) or [None] * len(batch)  # plan()'s own, read once
+    for seq, ok, view in zip(batch, eligible, planned):
+        read = controller.consulted(seq, view) if ok else None
         seqs.append(None if read is None else SeqInputs(objective=read[0], phase=read[1], mean=read[2],
                                                          upper=read[3]))
     n, low = len(batch), controller.costs.optimistic_table()

@@ -27,7 +27,7 @@ from runtime.cost_table import Cost, CostTable, TableMeta
 from runtime.decisions import StepTrace, TraceHeader
 from runtime.eligibility import entry_pin_forces_verify
 from runtime.gate import GateStep, MtpGate
-from runtime.controller import SeqView, plan_step
+from runtime.step_plan import SeqView, plan_step
 from runtime.plan import expected_tokens
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from runtime.controller import OnlineController, Plan
+from runtime.controller import OnlineController
+from runtime.step_plan import Plan
 from runtime.decisions import controller_inputs
 from runtime.eligibility import (
     DEFAULT_ENTRY_PIN_TOKENS, GateSetting, ThinkMarkers, entry_pin_forces_verify, spec_dispatch_eligible,
@@ -83,8 +84,9 @@ class SpeculationPolicy:
         self.explore_allowed = self.continuing = False
         if not any(eligible) or len(batch) > self.mtp_max_seqs:
             choice = plain
-        elif ahead:
+        elif ahead:  # the plain step next_is_plain decided on: its trace records what that read
             choice = dataclasses.replace(plain, ahead=True)
+            self.read = planned[2] if planned is not None and planned[0] == _ids(batch) else None
         elif self.controller is not None and planned is not None and planned[0] == _ids(batch):
             choice, self.read = planned[1], planned[2]  # decided when the last step looked ahead
         elif self.controller is not None:

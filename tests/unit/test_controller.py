@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import structlog
 
 from runtime.content_phase import Phase
-from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController, SeqView, plan_step
+from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController
+from runtime.step_plan import SeqView, plan_step
 from runtime.cost_prior import load_prior, save_learned
 from runtime.cost_table import load_table
 from runtime.eligibility import ThinkProgress

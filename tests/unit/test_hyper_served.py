@@ -61,7 +61,8 @@ async def test_width_one_is_serial_output_and_receipts(model_dir):
 def keep_every_alternative(monkeypatch):
     """The controller drafts 2 wherever it may and the planner keeps every candidate: the tree path
     runs on every speculative step (a random head's drafts would rarely pay by measurement)."""
-    from runtime.controller import OnlineController, Plan
+    from runtime.controller import OnlineController
+    from runtime.step_plan import Plan
 
     monkeypatch.setattr(OnlineController, "plan", lambda self, batch, eligible, explore=True:
                         Plan(tuple(2 if ok else 0 for ok in eligible)))
