@@ -212,8 +212,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
             for seq in batch:
                 await self.fail(seq, e)
             return
-        wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
-        self.step_ended = (started + wall, self.meter.read(), ids)
+        wall, spent = time.perf_counter() - started, self.meter.read()  # one reading: each is a syscall
+        joules, self.step_ended = spent.since(energy), (started + wall, spent, ids)
         if (controller := self.policy.controller) is not None:
             controller.record_plain(len(batch), wall * 1e3, joules, chosen)
         for i, (seq, token) in enumerate(zip(batch, reply.tokens)):

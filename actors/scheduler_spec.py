@@ -50,13 +50,13 @@ class SpecStep:
             for seq in batch:
                 await self.fail(seq, e)
             return None
-        wall, joules = time.perf_counter() - started, self.meter.read().since(energy)
-        self.step_ended = (started + wall, self.meter.read(), tuple(s.request_id for s in batch))
+        wall, spent = time.perf_counter() - started, self.meter.read()  # one reading: each is a syscall
+        joules, self.step_ended = spent.since(energy), (started + wall, spent, tuple(s.request_id for s in batch))
         tokens = sum(len(r.emitted) for r in results)
         if (controller := self.policy.controller) is not None:
             controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
                                    verify_ms=(started + wall - drafted_at) * 1e3,
-                                   verify_j=self.meter.read().since(drafted_energy),
+                                   verify_j=spent.since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d and not d.forced),
                                    draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens,
