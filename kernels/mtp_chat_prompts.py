@@ -197,8 +197,8 @@ def _fill(template: str, rng: random.Random) -> str:
     used: set[str] = set()
 
     def slot(match: re.Match) -> str:
-        # {ingredient2} draws from {ingredient}'s list, never a value this prompt has already.
-        choices = [c for c in CHAT_SLOTS[match.group(1).rstrip("0123456789")] if c not in used]
+        # Never a value this prompt has already ({ingredient} and {ingredient2} differ).
+        choices = [c for c in CHAT_SLOTS[_slot(match.group(1))] if c not in used]
         used.add(value := rng.choice(choices))
         return value
 
@@ -208,7 +208,12 @@ def _fill(template: str, rng: random.Random) -> str:
 
 def capacity(template: str) -> int:
     """How many distinct prompts a template can make."""
-    return math.prod(len(CHAT_SLOTS[f.rstrip("0123456789")]) for f in _FIELD.findall(template))
+    return math.prod(len(CHAT_SLOTS[_slot(field)]) for field in _FIELD.findall(template))
+
+
+def _slot(field: str) -> str:
+    """The slot list a template field draws from: {ingredient2} is another {ingredient}."""
+    return field.rstrip("0123456789")
 
 
 def content_words(text: str) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.plan import expected_tokens, propose_depth
+from runtime.plan import expected_tokens, prior_at, propose_depth
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,8 @@ def highest(views: list[SeqView | None], upper: bool) -> list[SeqView]:
 
 
 def _elementwise_max(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
-    # Positions past a tuple's end repeat its last value, as the planner reads them (plan.prior_at).
-    size = max(len(a), len(b))
-    at = lambda rates, i: rates[min(i, len(rates) - 1)] if rates else 0.0  # noqa: E731
-    return tuple(max(at(a, i), at(b, i)) for i in range(size))
+    # Positions past a tuple's end read as the planner reads them (prior_at: its last value).
+    return tuple(max(prior_at(a, t), prior_at(b, t)) for t in range(1, max(len(a), len(b)) + 1))
 
 
 def shallowest_paying(depth_within, max_k: int) -> int:
