@@ -117,6 +117,22 @@ def test_sampled_speculation_is_reproducible(kind):
     assert runs[0] == runs[1]
 
 
+def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block():
+    """Plain steps absorb pending pairs as they fill the head's compiled block, so the first draft after
+    any spell (and after a long prompt) feeds at most MAX_ROWS rows: the stock block's cost grew with
+    the spell (130-170 ms after 400 steps on the default model)."""
+    from kernels.compiled_blocks import MAX_ROWS
+
+    engine = make_engine("mtp", tiny_llama(seed=4))
+    engine.prefill("s", PROMPTS[2], 0.0, 1.0, None, lookahead=True)
+    state, most = engine.seqs["s"], 0
+    for _ in range(3 * MAX_ROWS + 2):
+        engine.decode(["s"], [True])
+        engine.settle(state)  # as a draft would: the lookahead's feed is undone
+        most = max(most, engine.drafter._own(state)["pending"] + 1)  # + the newest (h of last, last)
+    assert 1 < most <= MAX_ROWS
+
+
 @pytest.mark.parametrize("absorb_after", [None, 3])
 @pytest.mark.parametrize("kind", ["mtp", "mtp-fused"])
 def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, kind, monkeypatch):
@@ -141,8 +157,11 @@ def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, kind, monkeypat
     assert got_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
 
 
-def test_plain_decode_leaves_the_head_untouched_until_it_drafts():
-    """Exact pairs wait for the next draft: a sequence that only decodes plainly costs the head nothing."""
+def test_plain_decode_feeds_the_head_every_pair_once():
+    """Exact pairs wait for the next draft, or for a compiled block's worth of them: every committed
+    pair reaches the head's cache once, absorbed or in the draft's own forward."""
+    from kernels.drafters import _ABSORB_AFTER
+
     model = tiny_llama(seed=4)
     engine = make_engine("mtp", model)
     engine.prefill("s", PROMPTS[2], 0.0, 1.0, None, True)
@@ -150,7 +169,8 @@ def test_plain_decode_leaves_the_head_untouched_until_it_drafts():
         engine.decode(["s"], [True])
     engine.settle(engine.seqs["s"])
     d = engine.seqs["s"].drafter
-    assert d["cache"][0].offset == 0 and d["pending"] == len(PROMPTS[2]) - 1 + 12
+    assert d["cache"][0].offset + d["pending"] == len(PROMPTS[2]) - 1 + 12
+    assert d["pending"] <= _ABSORB_AFTER
     engine.propose("s", 2)
     assert d["cache"][0].offset == len(PROMPTS[2]) + 12 and d["pending"] == 0
 
