@@ -30,8 +30,9 @@ from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
 # Exact pairs wait for the next propose, which takes them in its own forward, until there are
-# enough to fill the head's compiled block less the newest pair: a draft then never catches up on more
-# rows than the compiled graphs take. Past them the stock block ran: after 128 plain steps the first
+# enough to fill the head's compiled block less the newest pair: a draft after plain steps then catches
+# up on no more rows than the compiled graphs take (one straight after a prefill still takes the
+# prompt's pairs, once a request). Past them the stock block ran: after 128 plain steps the first
 # draft cost 18-32 ms and after 400 130-170 ms (a steady one 2-3 ms), where each absorb of 15 costs
 # ~2 ms, once every 15 plain steps (2-core AMD EPYC).
 _ABSORB_AFTER = MAX_ROWS - 1

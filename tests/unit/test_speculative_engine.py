@@ -119,8 +119,8 @@ def test_sampled_speculation_is_reproducible(kind):
 
 def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block():
     """Plain steps absorb pending pairs as they fill the head's compiled block, so the first draft after
-    any spell (and after a long prompt) feeds at most MAX_ROWS rows: the stock block's cost grew with
-    the spell (130-170 ms after 400 steps on the default model)."""
+    any spell, the prompt's pairs included once a plain step ran, feeds at most MAX_ROWS rows: the
+    stock block's cost grew with the spell (130-170 ms after 400 steps on the default model)."""
     from kernels.compiled_blocks import MAX_ROWS
 
     engine = make_engine("mtp", tiny_llama(seed=4))
@@ -129,7 +129,7 @@ def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block()
     for _ in range(3 * MAX_ROWS + 2):
         engine.decode(["s"], [True])
         engine.settle(state)  # as a draft would: the lookahead's feed is undone
-        most = max(most, engine.drafter._own(state)["pending"] + 1)  # + the newest (h of last, last)
+        most = max(most, state.drafter["pending"] + 1)  # + the newest (h of last, last)
     assert 1 < most <= MAX_ROWS
 
 
