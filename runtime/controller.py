@@ -25,7 +25,7 @@ from runtime.content_phase import Phase, PhaseTracker
 from runtime.exploration import ExplorationBudget
 from runtime.online_cost import OnlineCostModel
 from runtime.plan import propose_depth
-from runtime.step_plan import Plan, SeqView, plan_step
+from runtime.step_plan import EXPLORE_BURST, Plan, SeqView, plan_step
 
 @dataclass
 class Learning:
@@ -42,7 +42,6 @@ class Learning:
 # cost: counted, it priced every draft several times dearer than a run of them costs, so requests
 # that would have paid at depth 1 decoded plainly.
 CATCH_UP_FREE = 2
-EXPLORE_BURST = 4  # an exploration runs this many steps: one cold plain step after it is shared by 4
 CONVERSATIONS = 1024  # conversations whose last posterior is kept (least recently used go first)
 
 

@@ -9,7 +9,7 @@ import structlog
 
 from runtime.content_phase import Phase
 from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController
-from runtime.step_plan import SeqView, plan_step
+from runtime.step_plan import SeqView, expected_loss, plan_step
 from runtime.cost_prior import load_prior, save_learned
 from runtime.cost_table import load_table
 from runtime.eligibility import ThinkProgress
@@ -127,6 +127,27 @@ def test_an_exploration_runs_as_a_burst_and_pays_for_the_cold_step_after_it():
     spent = ctl.budget.spent_ms
     ctl.record_plain(1, 120.0, 2.4)  # the step after: no lookahead was in flight
     assert ctl.budget.spent_ms > spent + 30.0 and not ctl.cold_next
+
+
+def test_a_burst_starts_only_where_the_allowance_covers_all_of_it():
+    """Each exploring step loses what the plan expected: the allowance is never overdrawn, so over
+    any span exploration costs its share of plain decode (a burst started on one step's worth
+    overdrew it by three steps)."""
+    ctl = controller(by_depth=(0.2, 0.1, 0.05))
+    s, bursts, lowest = seq(), 0, 0.0
+    for _ in range(3000):
+        plan = ctl.plan([s], [True])
+        if not plan.speculates:
+            ctl.record_plain(1, 80.0, 1.6)
+            continue
+        bursts += not ctl.burst_left
+        loss = expected_loss(ctl.costs.table(), ctl.views_of([s]), plan.depths)
+        plain = ctl.costs.table().step_cost(1, 0).ms
+        ctl.record_spec(plan, [s], verify_depth=max(plan.depths), verify_ms=plain + loss - 3.0, verify_j=2.0,
+                        draft_width=1, draft_ms=3.0, draft_j=0.06, tokens=1)
+        ctl.step_starting(0.0)
+        lowest = min(lowest, ctl.budget.allowance_ms)
+    assert bursts >= 2 and lowest >= -1e-6
 
 
 def test_a_cold_plain_step_after_a_speculative_one_does_not_teach_the_plain_cost():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.plan import expected_tokens, propose_depth
-from runtime.step_plan import Plan, SeqView, expected_loss, highest, plan_step, shallowest_paying
+from runtime.step_plan import EXPLORE_BURST, Plan, SeqView, expected_loss, highest, plan_step, shallowest_paying
 from tests.unit.test_plan import planner_cases, table_of
 
 OBJECTIVES = ("balanced", "latency", "energy")
@@ -37,7 +37,7 @@ def every_row_plan(views, table, *, max_k, slack, mtp_max_seqs, explore, allowan
     if any(depths) or not explore or allowance_ms is None:
         return Plan(depths)
     upper = tuple(shallowest_paying(lambda most: depth(v, True, most), max_k) for v in views)
-    needed = 0.0 if continuing else expected_loss(table, views, upper)
+    needed = 0.0 if continuing else EXPLORE_BURST * expected_loss(table, views, upper)
     if any(upper) and allowance_ms >= needed and (allowance_ms > 0 or not continuing):
         return Plan(upper, exploring=True)
     return Plan(depths)
