@@ -62,6 +62,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
         self.interleaved = False  # something else (a prefill) ran since it
         self.consulted = None  # what the latest decision read, for its trace
+        self.drafting = (0.0, 0)  # the latest verify's drafting seconds and catch-up, for its trace
         self.hyper_setup()  # hyper mode: the bound run, and the width executor (actors/scheduler_hyper.py)
 
     # --- the loop ------------------------------------------------------------------------------

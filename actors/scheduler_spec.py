@@ -53,14 +53,15 @@ class SpecStep:
         wall, spent = time.perf_counter() - started, self.meter.read()  # one reading: each is a syscall
         joules, self.step_ended = spent.since(energy), (started + wall, spent, tuple(s.request_id for s in batch))
         tokens = sum(len(r.emitted) for r in results)
+        caught_up = max((d.caught_up for d in drafts if d and not d.forced), default=0)
+        self.drafting = (drafted_at - started, caught_up)  # for the step's trace
         if (controller := self.policy.controller) is not None:
             controller.record_spec(choice, batch, verify_depth=max(len(r.drafts) for r in rows),
                                    verify_ms=(started + wall - drafted_at) * 1e3,
                                    verify_j=spent.since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d and not d.forced),
                                    draft_ms=(drafted_at - started) * 1e3,
-                                   draft_j=drafted_energy.since(energy), tokens=tokens,
-                                   caught_up=max((d.caught_up for d in drafts if d and not d.forced), default=0))
+                                   draft_j=drafted_energy.since(energy), tokens=tokens, caught_up=caught_up)
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts and drafted.forced:
                 seq.spec.note_forced(len(row.drafts), wall)
@@ -98,10 +99,12 @@ class SpecStep:
 
     async def trace_step(self, ran: StepChoice, wall: float, batch, tokens: int, joules, outcomes) -> None:
         """The step's decision, with what it read and what it measured, to telemetry's ring."""
+        (draft_s, caught_up), self.drafting = self.drafting if outcomes else (0.0, 0), (0.0, 0)
         if self.consulted is not None:
             await self.telemetry.tell(step_trace(self.consulted, ran, step=self.steps, drafter=self.policy.drafter,
                                                  width=len(batch), active=len(self.active), waiting=len(self.waiting),
-                                                 wall_s=wall, joules=joules, tokens=tokens, outcomes=outcomes))
+                                                 wall_s=wall, joules=joules, tokens=tokens, outcomes=outcomes,
+                                                 draft_s=draft_s, caught_up=caught_up))
 
     async def observe(self, name: str, seconds: float) -> None:
         await self.telemetry.tell(Sample(name=name, value=max(0.0, seconds), kind="observe"))

@@ -144,6 +144,7 @@ class TreeExecutor:
                                         draft_j=drafted[1].since(started[1]), tokens=len(got.emitted),
                                         caught_up=self.caught_up)
         s.policy.controller.record_outcome(seq, depth, got.accepted)
+        s.drafting = (drafted[0] - started[0], self.caught_up)  # for the step's trace
         seq.spec.note_verify(depth, got.accepted, wall, confidences)
         gate = s.mode.gate
         gate.set_live_width(tree.width)

@@ -82,6 +82,8 @@ class StepTrace(msgspec.Struct, frozen=True, kw_only=True, tag="step", tag_field
     tokens: int
     drafted: tuple[int, ...]  # per row: drafts verified
     accepted: tuple[int, ...]  # per row: drafts accepted
+    draft_s: float = 0.0  # of wall_s, drafting (0 on a plain step)
+    caught_up: int = 0  # the most tokens one of its drafts first caught up on (fed since its last draft)
 
 
 class TraceHeader(msgspec.Struct, frozen=True, kw_only=True, tag="header", tag_field="type"):
@@ -165,13 +167,14 @@ def reason(decider: str, choice, any_eligible: bool, capped: bool, gate: GateInp
 
 
 def step_trace(consulted: Consulted, ran, *, step: int, drafter: str, width: int, active: int, waiting: int,
-               wall_s: float, joules: float | None, tokens: int, outcomes=()) -> StepTrace:
+               wall_s: float, joules: float | None, tokens: int, outcomes=(), draft_s: float = 0.0,
+               caught_up: int = 0) -> StepTrace:
     """The decision with the step's measurement; outcomes: (drafted, accepted) per row."""
     drafted = tuple(d for d, _ in outcomes) if outcomes else (0,) * width
     accepted = tuple(a for _, a in outcomes) if outcomes else (0,) * width
     return StepTrace(step=step, at=time.time(), drafter=drafter, width=width, active=active, waiting=waiting,
                      decision=consulted, ran=ran.step.value, ran_pinned=ran.pinned, wall_s=wall_s, joules=joules,
-                     tokens=tokens, drafted=drafted, accepted=accepted)
+                     tokens=tokens, drafted=drafted, accepted=accepted, draft_s=draft_s, caught_up=caught_up)
 
 
 # --- JSONL ----------------------------------------------------------------------------------------

@@ -96,6 +96,9 @@ def test_a_recorded_trace_replays_to_every_decision_and_another_margin_differs(g
     drafter = gate_server.health()["scheduler"]["speculation"]["drafter"]
     assert header.gate.window_steps == 4 and header.drafter == drafter
     assert steps[0].step == 1 and {s.decision.decider for s in steps} == {"gate"}
+    spec = [s for s in steps if s.ran == "mtp"]  # each speculative step says what its drafting took of it
+    assert spec and all(0 < s.draft_s < s.wall_s for s in spec)
+    assert all(s.draft_s == 0 and s.caught_up == 0 for s in steps if s.ran == "plain")
     same = replay(header, steps)
     assert same.actual.same == len(steps)  # every recorded decision, exactly
     assert (same.replayed.tokens, same.replayed.wall_s) == (same.actual.tokens, same.actual.wall_s)
