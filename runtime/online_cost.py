@@ -28,13 +28,24 @@ speed and a cell kept its prior's ratio to plain (on a 2-core AMD EPYC the live 
 step as 1.13-1.29x a plain step while served spells ran at 1.57x, and chat speculated where it
 lost). Drift during a long spell goes into that spell's cell, at 1/64 a step.
 
+A spell's steps are learned once HOLD_PLAIN plain steps after it have moved the tempo, each at a
+tempo between its own step's and the one after the spell (by its place in the spell): the machine's
+speed during a spell is known only from the plain steps on both sides of it. Learned at the tempo
+before it, a slow spell of the VM inside a speculative spell went whole into its cell: on a 2-core
+AMD EPYC steps of one spell went from 33 to 48 ms, the depth-1 cell read 1.35x plain decode where
+such steps cost 1.18x, and chat, which pays at 1.35x only from a first-draft acceptance of 0.35,
+decoded plainly from then on, so the cell was never measured again. Past HOLD_MAX held steps (a
+long spell) the oldest is learned at its own step's tempo, as before.
+
 Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+import statistics
+from collections import deque
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -56,6 +67,14 @@ REBUILD_EVERY = 8
 TEMPO_MEMORY = 4
 TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
 PLAIN_FIRST = 4  # plain steps measured before any speculative one: the reference they are learned against
+HOLD_PLAIN = TEMPO_MEMORY  # plain steps after a spell before its steps are learned: the tempo has followed them
+HOLD_MAX = 32  # speculative steps held at most; past them the oldest is learned at its own step's tempo
+# A speculative level's evidence ages: each AGE_STEPS plain steps with none of its own halve its count
+# (to AGED_FLOOR), so its lower bound widens, exploration measures it again, and those steps weigh
+# as a fresh cell's do. Without it a cell measured high in a spell stayed so: the planner then chose
+# plain decode, the cell's count (~300) let an exploring burst move it ~6%, and chat stayed plain.
+AGE_STEPS = 256
+AGED_FLOOR = 4
 
 
 class RobustEstimate(msgspec.Struct, kw_only=True):
@@ -64,6 +83,7 @@ class RobustEstimate(msgspec.Struct, kw_only=True):
     centre: float = 0.0
     spread: float = SPREAD_START
     count: int = 0
+    seen: int = 0  # the plain-step clock at its latest observation (a speculative level's evidence ages)
 
     def update(self, x: float) -> None:
         if self.count == 0:
@@ -97,24 +117,66 @@ class OnlineCostModel:
         self._unpriced = 0  # observations since the tables were built
         self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
         self.tempo = {"ms": 0.0, "j": 0.0}  # log of the machine's speed now against the cells' average
+        self._held: deque[_Held] = deque()  # speculative steps waiting for the plain steps after them
+        self._after: dict[str, list[float]] = {"ms": [], "j": []}  # plain residuals since the latest held step
+        self._clock = 0  # plain steps observed, all told: speculative evidence ages by it
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
         """One served step's cost (a plain step is verify at depth 0)."""
         if width < 1 or depth < 0 or not (ms > 0 and math.isfinite(ms)):
             return
         prior = self._prior_cost(kind, width, depth)
-        for unit, value, base in (("ms", ms, prior.ms), ("j", joules, prior.joules)):
-            if not (value > 0 and base > 0 and math.isfinite(value)):
-                continue
-            x = math.log(value / base)
-            if _plain(kind, depth):  # the reference: it sets the tempo, and its cells learn what remains
-                self._follow_tempo(unit, x - self._plain_shape(unit, width))
-                x -= self.tempo[unit]
-            else:  # a speculative cell learns its cost relative to plain decode's at the time
-                x -= self._plain_shift(unit, width)
-            for key in _levels_of(kind, unit, width, depth):
-                self._levels.setdefault(key, RobustEstimate()).update(x)
+        logs = {unit: math.log(value / base) for unit, value, base in (("ms", ms, prior.ms), ("j", joules, prior.joules))
+                if value > 0 and base > 0 and math.isfinite(value)}
         self.observations += 1
+        if not _plain(kind, depth):  # learned relative to plain decode at its time, once the steps after it show it
+            self._held.append(_Held(kind, width, depth, logs, dict(self.tempo)))
+            self._after = {"ms": [], "j": []}
+            if len(self._held) > HOLD_MAX:
+                held = self._held.popleft()
+                self._learn(held, held.tempo)
+            return
+        for unit, x in logs.items():  # the reference: it sets the tempo, and its cells learn what remains
+            self._follow_tempo(unit, x - self._plain_shape(unit, width))
+            if self._held:
+                self._after[unit].append(x - self._plain_shape(unit, width))
+            for key in _levels_of(kind, unit, width, depth):
+                self._levels.setdefault(key, RobustEstimate()).update(x - self.tempo[unit])
+        self._moved()
+        self._clock += 1
+        if self._held and len(self._after["ms"]) >= HOLD_PLAIN:
+            self.flush()
+
+    def flush(self) -> None:
+        """Learn every held speculative step, each at a tempo between its own step's and the machine's
+        speed after them (the mean of the plain steps since; the tempo now where there are none), by
+        its place among them: the change, if any, came somewhere inside the spell."""
+        n = len(self._held)
+        after = {unit: statistics.fmean(r) if r else self.tempo[unit] for unit, r in self._after.items()}
+        for i in range(n):
+            held = self._held.popleft()
+            w = (i + 1) / (n + 1)
+            self._learn(held, {unit: t + w * (after[unit] - t) for unit, t in held.tempo.items()})
+        self._after = {"ms": [], "j": []}
+
+    def _learn(self, held: "_Held", tempo: dict) -> None:
+        for unit, x in held.logs.items():
+            x -= self._plain_shape(unit, held.width) + tempo[unit]
+            for key in _levels_of(held.kind, unit, held.width, held.depth):
+                level = self._aged(self._levels.setdefault(key, RobustEstimate()))
+                level.update(x)
+                level.seen = self._clock
+        self._moved()
+
+    def _aged(self, level: RobustEstimate) -> RobustEstimate:
+        """A speculative level with its count halved for each AGE_STEPS plain steps since its latest observation."""
+        halvings = (self._clock - level.seen) // AGE_STEPS
+        if halvings and level.count > AGED_FLOOR:
+            level.count = max(AGED_FLOOR, level.count >> min(halvings, 30))
+            level.seen = self._clock - (self._clock - level.seen) % AGE_STEPS
+        return level
+
+    def _moved(self) -> None:
         self._unpriced += 1
         if self._unpriced >= REBUILD_EVERY or self.observations <= REBUILD_EVERY:  # the first ones move cells most
             self._table = self._optimistic = None
@@ -182,12 +244,14 @@ class OnlineCostModel:
         if k == 0:
             return cost
         own = self._levels.get((kind, "ms", n, k))
+        own = self._aged(own) if own else None
         count, spread = (own.count, max(own.spread, SPREAD_FLOOR)) if own else (0, SPREAD_START)
         factor = math.exp(-Z * spread / math.sqrt(count + 1))
         return Cost(ms=cost.ms * factor, joules=cost.joules * factor)
 
     def learned_table(self, meta: TableMeta) -> CostTable:
         """The corrected table under new metadata, with every observation in: what is saved for the next start."""
+        self.flush()
         self._table = self._optimistic = None
         return msgspec.structs.replace(self.table(), meta=meta)
 
@@ -218,8 +282,18 @@ class OnlineCostModel:
         return {"prior_source": self.source, "prior_machine": self.prior.meta.machine,
                 "observations": self.observations,
                 "scale_to_prior": round(math.exp(top.centre), 4) if top and top.count else None,
-                "tempo": round(math.exp(self.tempo["ms"]), 4),
+                "tempo": round(math.exp(self.tempo["ms"]), 4), "held_steps": len(self._held),
                 "cells": self.cells()}
+
+
+class _Held(NamedTuple):
+    """A speculative step's log cost over its prior cell (per unit) and the tempo at its step."""
+
+    kind: Kind
+    width: int
+    depth: int
+    logs: dict
+    tempo: dict
 
 
 def _plain(kind: Kind, depth: int) -> bool:

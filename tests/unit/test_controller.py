@@ -179,10 +179,12 @@ def test_a_step_costs_what_it_takes_from_one_start_to_the_next():
                 draft_j=0.06, tokens=2)
     ctl.record_spec(plan, [s], **spec)
     ctl.step_starting(None)  # a prefill ran between: the gap is not the step's
+    ctl.costs.flush()  # learned now, not once plain steps follow (runtime/online_cost.py)
     alone = ctl.costs.cost("verify", 1, max(plan.depths)).ms
     fresh = controller(by_depth=(0.9, 0.9, 0.9))
     fresh.record_spec(plan, [s], **spec)
     fresh.step_starting(30.0, 0.6)
+    fresh.costs.flush()
     assert fresh.costs.cost("verify", 1, max(plan.depths)).ms > alone * 1.05
 
 
@@ -198,10 +200,12 @@ def test_a_draft_that_catches_up_first_is_not_the_draft_cells_cost():
                 draft_j=0.3, tokens=2)
     ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE + 40)
     ctl.step_starting(0.0)
+    ctl.costs.flush()  # learned now, not once plain steps follow (runtime/online_cost.py)
     # The draft cell learned nothing (its verify moved the tempo, which scales every cell alike)
     assert not [c for c in ctl.costs.cells() if c["kind"] == "draft"] and ctl.catch_ups == 1
     ctl.record_spec(plan, [s], **spec, caught_up=CATCH_UP_FREE)
     ctl.step_starting(0.0)
+    ctl.costs.flush()
     assert ctl.costs.cost("draft", 1, depth).ms > before * 1.5
 
 
