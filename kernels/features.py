@@ -46,16 +46,24 @@ def body(model, tokens: mx.array, cache, layers: Sequence[int] = ()) -> tuple[mx
 
 def check_layers(model, layers: Sequence[int]) -> None:
     """Raise if `body` cannot give these layers for this model (its forward is not llama's shape)."""
+    if reason := layers_misfit(model, layers):
+        raise ValueError(reason)
+
+
+def layers_misfit(model, layers: Sequence[int]) -> str | None:
+    """Why `body` cannot give these layers for this model as loaded (None: it can). A rank of a
+    pipeline-split model holds only its own layers, so a fused head cannot be fed there."""
     if not layers:
-        return
+        return None
     from mlx_lm.models.llama import LlamaModel
 
     inner = model.model
     if not isinstance(inner, LlamaModel):
-        raise ValueError(f"a head fed by decoder layers {list(layers)} needs a llama-shaped model, "
-                         f"not {type(inner).__module__}")
+        return (f"a head fed by decoder layers {list(layers)} needs a llama-shaped model, "
+                f"not {type(inner).__module__}")
     if list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= len(inner.layers):
-        raise ValueError(f"feature layers {list(layers)} must be distinct, ascending and below {len(inner.layers)}")
+        return f"feature layers {list(layers)} must be distinct, ascending and below {len(inner.layers)}"
+    return None
 
 
 def select(extra: np.ndarray, stored: Sequence[int], wanted: Sequence[int], dim: int) -> np.ndarray:

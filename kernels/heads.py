@@ -88,15 +88,19 @@ def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, m
     from kernels.loader import use_rows_kernel
 
     path = find_mtp_head(model_dir, mtp_head) if kind in ("auto", "mtp") else None
-    if kind == "auto":
-        kind = "mtp" if path is not None else "ngram"
+    chosen, kind = kind, ("mtp" if path is not None else "ngram") if kind == "auto" else kind
     if kind == "mtp":
         from kernels.drafters import MtpDrafter
+        from kernels.features import layers_misfit
         from kernels.mtp_head import load_mtp_head
 
         if path is None:
             raise FileNotFoundError(f"--drafter mtp: no MTP head fits {model_dir} (give --mtp-head PATH)")
         head = load_mtp_head(path)
+        if chosen == "auto" and (reason := layers_misfit(target, head.config.feature_layers)):
+            # e.g. one rank of a split model: the head's layers are not all here; --drafter mtp says so
+            structlog.get_logger().warning("mtp_head_refused", actor="heads", head=str(path), reason=reason)
+            return "ngram", None
         use_rows_kernel(head, rows_kernel)  # K head forwards of one row per draft
         if compiled:
             from kernels import compiled_blocks
