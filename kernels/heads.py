@@ -88,7 +88,9 @@ def build_drafter(kind: str, target, model_dir: Path, draft_model: str | None, m
     from kernels.loader import use_rows_kernel
 
     path = find_mtp_head(model_dir, mtp_head) if kind in ("auto", "mtp") else None
-    chosen, kind = kind, ("mtp" if path is not None else "ngram") if kind == "auto" else kind
+    chosen = kind
+    if kind == "auto":
+        kind = "mtp" if path is not None else "ngram"
     if kind == "mtp":
         from kernels.drafters import MtpDrafter
         from kernels.features import layers_misfit

@@ -118,7 +118,7 @@ class OnlineCostModel:
         self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
         self.tempo = {"ms": 0.0, "j": 0.0}  # log of the machine's speed now against the cells' average
         self._held: deque[_Held] = deque()  # speculative steps waiting for the plain steps after them
-        self._after: dict[str, list[float]] = {"ms": [], "j": []}  # plain residuals since the latest held step
+        self._after = _no_residuals()  # plain residuals since the latest held step, per unit
         self._clock = 0  # plain steps observed, all told: speculative evidence ages by it
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
@@ -131,15 +131,16 @@ class OnlineCostModel:
         self.observations += 1
         if not _plain(kind, depth):  # learned relative to plain decode at its time, once the steps after it show it
             self._held.append(_Held(kind, width, depth, logs, dict(self.tempo)))
-            self._after = {"ms": [], "j": []}
+            self._after = _no_residuals()
             if len(self._held) > HOLD_MAX:
                 held = self._held.popleft()
                 self._learn(held, held.tempo)
             return
         for unit, x in logs.items():  # the reference: it sets the tempo, and its cells learn what remains
-            self._follow_tempo(unit, x - self._plain_shape(unit, width))
+            residual = x - self._plain_shape(unit, width)
+            self._follow_tempo(unit, residual)
             if self._held:
-                self._after[unit].append(x - self._plain_shape(unit, width))
+                self._after[unit].append(residual)
             for key in _levels_of(kind, unit, width, depth):
                 self._levels.setdefault(key, RobustEstimate()).update(x - self.tempo[unit])
         self._moved()
@@ -157,7 +158,7 @@ class OnlineCostModel:
             held = self._held.popleft()
             w = (i + 1) / (n + 1)
             self._learn(held, {unit: t + w * (after[unit] - t) for unit, t in held.tempo.items()})
-        self._after = {"ms": [], "j": []}
+        self._after = _no_residuals()
 
     def _learn(self, held: "_Held", tempo: dict) -> None:
         for unit, x in held.logs.items():
@@ -294,6 +295,10 @@ class _Held(NamedTuple):
     depth: int
     logs: dict
     tempo: dict
+
+
+def _no_residuals() -> dict[str, list[float]]:
+    return {"ms": [], "j": []}
 
 
 def _plain(kind: Kind, depth: int) -> bool:
