@@ -37,6 +37,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@# a `kernels` left by transformers 5.25 shadows the project's kernels/ (pyproject pins below it)
+	@if $(BIN)/python -m pip show -q kernels >/dev/null 2>&1; then $(BIN)/python -m pip uninstall -y -q kernels; fi
 	$(BIN)/python -m kernels.rows_matmul
 	touch $(STAMP)
 

@@ -16,6 +16,7 @@ from runtime.config_flags import add_config_flags, apply_flags
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    own_kernels()
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
     if argv[:1] == ["calibrate"]:
@@ -35,6 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"metrale: {e}", file=sys.stderr)
         return 2
+
+
+def own_kernels() -> None:
+    """Stop with the fix where another distribution's top-level `kernels` (Hugging Face's, which
+    transformers 5.25 requires) would be imported instead of the project's kernels/."""
+    import importlib.util
+
+    ours = Path(__file__).resolve().parents[1] / "kernels"
+    spec = importlib.util.find_spec("kernels")
+    found = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
+    if found != ours:
+        raise SystemExit(f"metrale: the package 'kernels' at {found} shadows metrale's {ours}; "
+                         "remove it (`pip uninstall kernels`; transformers>=5.25 pulls it in)")
 
 
 def _parser() -> argparse.ArgumentParser:
