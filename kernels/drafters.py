@@ -29,13 +29,12 @@ from kernels.mtp_head import MTPHead
 from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
-# Exact pairs wait for the next propose, which takes them in its own forward, until there are
-# enough to fill the head's compiled block less the newest pair: a draft after plain steps then catches
-# up on no more rows than the compiled graphs take (one straight after a prefill still takes the
-# prompt's pairs, once a request). Past them the stock block ran: after 128 plain steps the first
-# draft cost 18-32 ms and after 400 130-170 ms (a steady one 2-3 ms), where each absorb of 15 costs
-# ~2 ms, once every 15 plain steps (2-core AMD EPYC).
-_ABSORB_AFTER = MAX_ROWS - 1
+# Exact pairs wait for the next propose, up to _ABSORB_AFTER of them; then they go into the head's
+# cache in one forward of their own. An absorb reads the head's weights once whatever its rows: on a
+# 2-core AMD EPYC 15 rows cost 2.1 ms (0.14 ms a row) and 63 rows 3.4-4.7 ms (0.055-0.075), so
+# plain steps pay half as much for keeping the head in step. A propose with more pending than the
+# compiled block takes absorbs them first, so the draft's own forward stays compiled.
+_ABSORB_AFTER = 4 * MAX_ROWS - 1
 
 
 class MtpDrafter:
@@ -123,6 +122,8 @@ class MtpDrafter:
     def _pairs_to_draft_from(self, state, d: dict) -> tuple[mx.array, mx.array]:
         """Every pending pair and the newest (h of last, last): a draft's first forward takes them all,
         so the head is caught up and nothing is left to undo."""
+        if d["pending"] >= MAX_ROWS:
+            self._absorb(d)
         self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
         h, t = self._take_pairs(d)
         d["unpaired"] = d["undo"] = None

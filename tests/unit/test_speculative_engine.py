@@ -117,20 +117,29 @@ def test_sampled_speculation_is_reproducible(kind):
     assert runs[0] == runs[1]
 
 
-def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block():
-    """Plain steps absorb pending pairs as they fill the head's compiled block, so the first draft after
-    any spell, the prompt's pairs included once a plain step ran, feeds at most MAX_ROWS rows: the
-    stock block's cost grew with the spell (130-170 ms after 400 steps on the default model)."""
+@pytest.mark.parametrize("spell", [1, 36, 40, 63, 130])
+def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block(spell, monkeypatch):
+    """Plain steps keep pairs pending up to a bound, then absorb them in one forward; a draft after any
+    spell feeds its own forward at most MAX_ROWS rows (it absorbs more pending first), so that forward
+    stays compiled: the stock block's cost grew with the spell (130-170 ms after 400 plain steps)."""
     from kernels.compiled_blocks import MAX_ROWS
+    from kernels.drafters import _ABSORB_AFTER
 
     engine = make_engine("mtp", tiny_llama(seed=4))
+    head, fed_rows, most_pending = engine.drafter.head, [], 0
+    real_draft = head.draft
+    monkeypatch.setattr(head, "draft", lambda h, *a, **kw: fed_rows.append(h.shape[0]) or real_draft(h, *a, **kw))
     engine.prefill("s", PROMPTS[2], 0.0, 1.0, None, lookahead=True)
-    state, most = engine.seqs["s"], 0
-    for _ in range(3 * MAX_ROWS + 2):
+    state = engine.seqs["s"]
+    for _ in range(spell):
         engine.decode(["s"], [True])
         engine.settle(state)  # as a draft would: the lookahead's feed is undone
-        most = max(most, state.drafter["pending"] + 1)  # + the newest (h of last, last)
-    assert 1 < most <= MAX_ROWS
+        most_pending = max(most_pending, state.drafter["pending"])
+    pending = state.drafter["pending"]
+    engine.propose("s", 2)
+    assert most_pending <= _ABSORB_AFTER
+    assert fed_rows[-1] == (1 if pending >= MAX_ROWS else pending + 1)
+    assert fed_rows[-1] <= MAX_ROWS
 
 
 @pytest.mark.parametrize("absorb_after", [None, 3])
