@@ -13,12 +13,14 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "activation.h"
 #include "attention.h"
+#include "realign.h"
 #include "vectors.h"
 
 namespace mx = mlx::core;
@@ -277,4 +279,5 @@ NB_MODULE(_rows_matmul, m) {
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
   m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up"));
+  m.def("shift_rows", &metrale::shift_rows, nb::arg("x"), nb::arg("shifts"), nb::arg("end"));
 }
