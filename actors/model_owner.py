@@ -182,7 +182,7 @@ class ModelOwner(Actor):
             case Propose():
                 return self._propose(msg)
             case ProposeMany():
-                return tuple(self._propose(item) for item in msg.items)
+                return self._propose_many(msg)
             case VerifyDrafts():
                 return self._verify(msg)
             case VerifyBatch():
@@ -275,6 +275,15 @@ class ModelOwner(Actor):
         state = self.engine.seqs[msg.seq_id]
         return Drafted(tokens=tuple(tokens), confidences=tuple(confidences), has_probs=state.draft_probs is not None,
                        seconds=time.perf_counter() - started, caught_up=state.caught_up)
+
+    def _propose_many(self, msg: ProposeMany) -> tuple[Drafted, ...]:
+        started = time.perf_counter()
+        drafts = self.engine.propose_many([(item.seq_id, item.k) for item in msg.items])
+        seconds = (time.perf_counter() - started) / len(msg.items)  # one forward for all: each its share
+        states = [self.engine.seqs[item.seq_id] for item in msg.items]
+        return tuple(Drafted(tokens=tuple(tokens), confidences=tuple(confidences), seconds=seconds,
+                             has_probs=state.draft_probs is not None, caught_up=state.caught_up)
+                     for (tokens, confidences), state in zip(drafts, states))
 
     def _verify(self, msg: VerifyDrafts) -> Verified:
         started = time.perf_counter()

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from kernels.compiled_blocks import MAX_ROWS
 from kernels.features import check_layers
 from kernels.loader import output_head
+from kernels.mtp_draft_many import DraftJob, batchable, draft_many
 from kernels.mtp_head import MTPHead
 from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
@@ -89,6 +90,20 @@ class MtpDrafter:
         out = self.head.draft(h, t, k, self.embed, self.norm, self.lm_head, d["cache"],
                               temperature=state.temperature, top_p=state.top_p, key=key)
         return out.ids, out.logprobs, out.probs
+
+    def propose_many(self, states: list, ks: list[int]) -> list[tuple]:
+        """propose for several sequences, their head forwards batched (kernels/mtp_draft_many.py):
+        the head's weights are read once per depth, not once per sequence."""
+        if len(states) < 2 or not batchable(self.head):
+            return [self.propose(state, k) for state, k in zip(states, ks)]
+        jobs = []
+        for state, k in zip(states, ks):
+            d = self._own(state)
+            h, t = self._pairs_to_draft_from(state, d)
+            key = state.next_key() if state.temperature > 0 else None
+            jobs.append(DraftJob(h, t, k, d["cache"], state.temperature, state.top_p, key))
+        drafts = draft_many(self.head, jobs, self.embed, self.norm, self.lm_head)
+        return [(out.ids, out.logprobs, out.probs) for out in drafts]
 
     def propose_tree(self, state, k: int, top: int):
         """The greedy chain of propose (the spine, at any temperature: tree drafts are deterministic)

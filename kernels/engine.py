@@ -238,6 +238,20 @@ class Engine:
         ids, confidences, state.draft_probs = self.drafter.propose(state, k)
         return ids, confidences
 
+    def propose_many(self, items: list[tuple[str, int]]) -> list[tuple[list[int], list[float]]]:
+        """propose for several sequences (seq_id, k) at once: a drafter that can batches their forwards."""
+        states = [self.seqs[seq_id] for seq_id, _ in items]
+        if not hasattr(self.drafter, "propose_many") or any(not s.drafts for s in states):
+            return [self.propose(seq_id, k) for seq_id, k in items]
+        for state in states:
+            self.settle(state)
+            state.caught_up = self.drafter.behind(state)
+        out = []
+        for state, (ids, confidences, probs) in zip(states, self.drafter.propose_many(states, [k for _, k in items])):
+            state.draft_probs = probs
+            out.append((ids, confidences))
+        return out
+
     def propose_tree(self, seq_id: str, k: int, top: int):
         """The model-side drafter's spine of k drafts, its confidences, and at each depth its next
         `top` candidates (token, probability): the makings of a draft tree (kernels/tree.py)."""
