@@ -24,7 +24,6 @@ from mlx_lm.models.cache import make_prompt_cache
 from kernels.features import body
 from kernels.loader import output_head
 from kernels.ngram import propose_ngram
-from kernels.sampling import greedy, top1_logprob
 
 Probe = Callable[[], object]  # one timed unit of work
 Tick = Callable[[], None]  # progress: called once per timed call
@@ -58,39 +57,37 @@ class VerifyProbe:
 
 
 class MtpDraftProbe:
-    """K chained head forwards over a prefilled head cache, trimmed back after each call, once per
-    sequence of a width-n batch: the runtime drafts each sequence on its own head cache."""
+    """The runtime's drafts for a width-n batch (MTPHead.draft for one sequence, draft_many for
+    several: kernels/mtp_draft_many.py), each sequence on its own copy of a prefilled head cache,
+    trimmed back after each call."""
 
     def __init__(self, head, target, n: int, context: Sequence[int]):
+        from kernels.drafters import owned_caches
+
         self.n = n
         inner = target.model
         self.head, self.embed, self.norm = head, inner.embed_tokens, inner.norm
         self.lm_head = output_head(target)
         tokens = mx.array([list(context)], dtype=mx.int32)
         hidden = body(target, tokens, None, head.config.feature_layers)[1]  # what the runtime feeds it
-        self.cache = head.make_cache()
-        head.forward(hidden[:, :-1], tokens[:, 1:], self.embed, self.norm, self.cache)
-        self.hidden, self.token = hidden[:, -1:], tokens[:, -1:]
-        mx.eval(self.hidden, [(c.keys, c.values) for c in self.cache])
+        cache = head.make_cache()
+        head.forward(hidden[:, :-1], tokens[:, 1:], self.embed, self.norm, cache)
+        self.hidden, self.token = hidden[0, -1:], tokens[0, -1:]
+        self.caches = [owned_caches(cache, head.make_cache) for _ in range(n)]
+        mx.eval(self.hidden, [(c.keys, c.values) for caches in self.caches for c in caches])
 
     def __call__(self, k: int) -> None:
-        for _ in range(self.n):
-            self._draft_one(k)
+        from kernels.mtp_draft_many import DraftJob, batchable, draft_many
 
-    def _draft_one(self, k: int) -> None:
-        head = self.head
-        h = head.forward(self.hidden, self.token, self.embed, self.norm, self.cache)
-        ids, confidences = [], []
-        for depth in range(k):  # mirrors MTPHead.draft, one row per sequence
-            logits = head.draft_logits(h, self.lm_head)[:, -1]
-            confidences.append(top1_logprob(logits))
-            draft = greedy(logits)
-            ids.append(head.vocab_map[draft] if head.reduced else draft)
-            if depth + 1 < k:
-                h = head.forward(h, ids[-1][:, None], self.embed, self.norm, self.cache, exact=False)
-        mx.eval(ids, confidences)
-        for c in self.cache:
-            c.trim(k)  # the new pair and the k-1 speculative positions
+        if self.n == 1 or not batchable(self.head):  # as MtpDrafter.propose_many chooses
+            for caches in self.caches:
+                self.head.draft(self.hidden, self.token, k, self.embed, self.norm, self.lm_head, caches)
+        else:
+            draft_many(self.head, [DraftJob(self.hidden, self.token, k, caches) for caches in self.caches],
+                       self.embed, self.norm, self.lm_head)
+        for caches in self.caches:
+            for c in caches:
+                c.trim(1)  # the new exact pair (the draft trimmed its k-1 speculative positions)
 
 
 def ngram_draft(history: Sequence[int], n: int) -> Callable[[int], None]:

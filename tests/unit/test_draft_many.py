@@ -85,3 +85,17 @@ def test_a_draft_many_needs_a_depth():
     job = DraftJob(mx.zeros((1, 64)), mx.array([1]), 0, head.make_cache())
     with pytest.raises(ValueError, match="k >= 1"):
         draft_many(head, [job], engine.drafter.embed, engine.drafter.norm, engine.drafter.lm_head)
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_the_calibration_probe_drafts_as_served_and_trims_back(width):
+    """metrale calibrate's draft cell runs the served drafting (draft_many for a batch) and leaves
+    every head cache as it found it, so each timed call drafts from the same context."""
+    from kernels.calibrate import MtpDraftProbe
+
+    engine = make_engine("mtp-fused", tiny_llama(seed=4))
+    probe = MtpDraftProbe(engine.drafter.head, engine.model, width, list(range(10, 40)))
+    offsets = [c[0].offset for c in probe.caches]
+    for k in (1, 3, 2):
+        probe(k)
+    assert [c[0].offset for c in probe.caches] == offsets == [29] * width
