@@ -15,32 +15,6 @@
 namespace metrale {
 namespace {
 
-typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
-
-// exp(x): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-6 polynomial (~1 ulp), 2^n in the exponent.
-inline vf vexp(vf x) {
-  const vf hi = vf{} + 88.0f, lo = vf{} - 87.0f;
-  x = x > hi ? hi : x;
-  x = x < lo ? lo : x;
-  const vf magic = vf{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  vf n = (x * 1.44269504f + magic) - magic;
-  vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  vf p = vf{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * (vf)bits;
-}
-
-inline float sexp(float x) {
-  vf v = vexp(vf{} + x);
-  return v[0];
-}
-
 void swiglu_span(const float* gate, const float* up, float* out, size_t size) {
   size_t i = 0;
   for (; i + kLanes <= size; i += kLanes) {

@@ -22,6 +22,7 @@
 #include "attention.h"
 #include "realign.h"
 #include "vectors.h"
+#include "workers.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -39,33 +40,6 @@ template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 #endif
 constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
-
-// Lane sums, pairwise: at each half-width h, lane i < h of an output takes lane i + h; the same order
-// for every output whatever block computes it. Many accumulators are summed at once, packed into
-// shared vectors (a few shuffles per output instead of a scalar chain each).
-// Lane i of halving (a, b) at half-width h: a holds kLanes / 2h outputs of 2h partial sums, b after it.
-constexpr int source_lane(int i, int h, bool upper) {
-  int per_vector = kLanes / (2 * h), output = i / h, base = output < per_vector ? output * 2 * h
-                                                                             : kLanes + (output - per_vector) * 2 * h;
-  return base + i % h + (upper ? h : 0);
-}
-
-template <int h, size_t... I>
-inline vf halve(vf a, vf b, std::index_sequence<I...>) {
-  return __builtin_shufflevector(a, b, source_lane(I, h, false)...) +
-         __builtin_shufflevector(a, b, source_lane(I, h, true)...);
-}
-
-// The sums of count accumulators (a power of two, at most kLanes) into the first count lanes of v[0].
-template <int h, int count>
-inline void lane_sums(vf* v) {
-  if constexpr (h >= 1) {
-    constexpr int pairs = count > 1 ? count / 2 : 1;
-    for (int i = 0; i < pairs; ++i)
-      v[i] = halve<h>(v[2 * i], v[count > 1 ? 2 * i + 1 : 0], std::make_index_sequence<kLanes>{});
-    lane_sums<h / 2, pairs>(v);
-  }
-}
 
 // XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR.
 template <int XR, int WR>
@@ -126,88 +100,15 @@ void span(const float* x, const float* w, float* y, int M, int N, int K, int n0,
     by_row_groups(x, y, M, N, K, [&]<int XR>(const float* xr, float* yr) { block<XR, 1>(xr, w, yr, N, K, n); });
 }
 
-// Helper threads that share one product's weight rows in chunks claimed one at a time, so a helper the
-// OS has not scheduled costs nothing: the calling thread claims whatever is left. Helpers spin briefly
-// between products (a step runs ~200 back to back) and sleep when the model is idle.
-class Workers {
- public:
-  static Workers& get() {
-    // Never destroyed: its threads outlive the interpreter's teardown.
-    static Workers* pool = new Workers(std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
-    return *pool;
-  }
-
-  int count() const { return count_; }
-
-  void run(const float* x, const float* w, float* y, int M, int N, int K) {
-    std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
-    x_ = x, w_ = w, y_ = y, M_ = M, N_ = N, K_ = K;
-    chunk_rows_ = std::max(kPanel, (32768 / std::max(K, 1)) / kPanel * kPanel);
-    chunks_ = (N + chunk_rows_ - 1) / chunk_rows_;
-    done_.store(0, std::memory_order_relaxed);
-    uint32_t g = generation_.load(std::memory_order_relaxed) + 1;
-    claim_.store((uint64_t)g << 32, std::memory_order_relaxed);
-    generation_.store(g);  // seq_cst: a helper going to sleep sees it, or is seen asleep below
-    if (sleepers_.load() > 0) {
-      std::lock_guard<std::mutex> g_(sleep_mutex_);
-      wake_.notify_all();
-    }
-    work(g);
-    while (done_.load(std::memory_order_acquire) < chunks_) {
-    }
-  }
-
- private:
-  explicit Workers(unsigned n) : count_(n) {
-    for (unsigned i = 1; i < n; ++i) std::thread([this] { loop(); }).detach();
-  }
-
-  // Claim chunks of generation g until none are left; a claim of a finished generation fails.
-  void work(uint32_t g) {
-    for (;;) {
-      uint64_t c = claim_.load(std::memory_order_acquire);
-      if ((uint32_t)(c >> 32) != g || (int)(uint32_t)c >= chunks_) return;
-      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
-      // The claimed chunk is unfinished, so run() has not moved on: the job's fields are g's.
-      int n0 = (int)(uint32_t)c * chunk_rows_, n1 = std::min(N_, n0 + chunk_rows_);
-      span(x_, w_, y_, M_, N_, K_, n0, n1);
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  void loop() {
-    uint32_t seen = 0;
-    for (;;) {
-      uint32_t g = generation_.load(std::memory_order_acquire);
-      for (int spin = 0; g == seen && spin < 20000; ++spin) g = generation_.load(std::memory_order_acquire);
-      if (g == seen) {
-        std::unique_lock<std::mutex> hold(sleep_mutex_);
-        sleepers_.fetch_add(1);
-        wake_.wait(hold, [&] { return generation_.load() != seen; });
-        sleepers_.fetch_sub(1);
-        g = generation_.load();
-      }
-      seen = g;
-      work(g);
-    }
-  }
-
-  const int count_;
-  std::mutex run_mutex_, sleep_mutex_;
-  std::condition_variable wake_;
-  std::atomic<uint32_t> generation_{0};
-  std::atomic<uint64_t> claim_{0};  // generation << 32 | next chunk
-  std::atomic<int> done_{0}, sleepers_{0};
-  const float* x_ = nullptr;
-  const float* w_ = nullptr;
-  float* y_ = nullptr;
-  int M_ = 0, N_ = 0, K_ = 0, chunk_rows_ = 1, chunks_ = 0;
-};
-
 void rows_times_weights(const float* x, const float* w, float* y, int M, int N, int K) {
   Workers& pool = Workers::get();
   if (pool.count() <= 1 || (size_t)N * K < (1u << 16)) return span(x, w, y, M, N, K, 0, N);  // small: alone
-  pool.run(x, w, y, M, N, K);
+  // Chunks of weight rows of about 128 KiB: small enough to share out, large enough to stream.
+  int chunk_rows = std::max(kPanel, (32768 / std::max(K, 1)) / kPanel * kPanel);
+  pool.run((N + chunk_rows - 1) / chunk_rows, [&](int c) {
+    int n0 = c * chunk_rows;
+    span(x, w, y, M, N, K, n0, std::min(N, n0 + chunk_rows));
+  });
 }
 
 // A strided array's elements in row-major order.

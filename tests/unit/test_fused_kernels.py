@@ -71,6 +71,26 @@ def test_each_row_is_bit_for_bit_the_step_at_its_position(seed, rows, past, dim)
         assert mx.array_equal(together[:, i:i + 1], alone).item()
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**16), st.integers(2, 6), st.integers(1, 4), st.integers(1, 600), st.sampled_from([16, 64, 72]),
+       st.booleans())
+def test_a_batch_row_is_bit_for_bit_the_sequence_alone(seed, batch, rows, past, dim, masked):
+    """How the cores share the work (by key head, split or not) and the key tiles never change a row:
+    mtp_batch's rows equal each sequence's own step, long contexts (many tiles) included."""
+    q = mx.random.normal((batch, 6, rows, dim), key=mx.random.key(seed))
+    k, v = cache_views(mx.random.key(seed + 1), batch, 2, past + rows, dim, 5)
+    mask = None
+    if masked:  # left padding of a different length per row, as a batch cache's
+        pads = mx.array([(seed + 3 * b) % (past + 1) for b in range(batch)])
+        mask = (mx.arange(past + rows)[None, None, None] >= pads[:, None, None, None]) & \
+            (mx.arange(past + rows)[None] <= mx.arange(rows)[:, None] + past)[None, None]
+    together = fused(q, k, v, 0.125, not masked, mask)
+    for b in range(batch):
+        own = None if mask is None else mask[b:b + 1]
+        alone = fused(q[b:b + 1], k[b:b + 1], v[b:b + 1], 0.125, not masked, own)
+        assert mx.array_equal(together[b:b + 1], alone).item()
+
+
 def test_a_fully_hidden_row_is_zeros_not_nan():
     q = mx.random.normal((1, 2, 2, 16))
     k = v = mx.random.normal((1, 1, 4, 16))
