@@ -144,7 +144,8 @@ void probabilities(Query& r) {
 }
 
 // sums += p[t] v[t] for the visible keys in [t0, t1) (t0 even), in registers: C vectors a key (D =
-// C * kLanes), even and odd positions in two sets of accumulators, so two chains of multiply-adds run.
+// C * kLanes), even and odd positions in two sets of accumulators where registers allow, so two chains of
+// multiply-adds run.
 template <int C>
 inline void add_key(vf* acc, const float* v, float p) {
   vf pv = vf{} + p;
@@ -156,6 +157,7 @@ template <int C>
 void tile_values(const Job& j, Query& r, int b, int kvh, int t0, int t1) {
   int end = std::min(t1, r.limit);
   if (t0 >= end) return;
+  constexpr bool kTwo = 2 * C <= 8;  // two sets fit the registers (AVX-512 at D = 64); else one chain
   vf even[C], odd[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) even[c] = load(r.sums + c * kLanes), odd[c] = load(r.sums + (C + c) * kLanes);
@@ -163,7 +165,7 @@ void tile_values(const Job& j, Query& r, int b, int kvh, int t0, int t1) {
   int t = t0;
   for (; t + 2 <= end; t += 2) {
     if (!r.allowed || r.allowed[t]) add_key<C>(even, j.v.at(b, kvh, t), p[t]);
-    if (!r.allowed || r.allowed[t + 1]) add_key<C>(odd, j.v.at(b, kvh, t + 1), p[t + 1]);
+    if (!r.allowed || r.allowed[t + 1]) add_key<C>(kTwo ? odd : even, j.v.at(b, kvh, t + 1), p[t + 1]);
   }
   if (t < end && (!r.allowed || r.allowed[t])) add_key<C>(even, j.v.at(b, kvh, t), p[t]);
 #pragma GCC unroll 16
