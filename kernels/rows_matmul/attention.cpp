@@ -216,8 +216,12 @@ void group(const Job& j, int b, int kvh, int first, int count, std::vector<float
     if (r.top != kHidden) probabilities(r);
   values(j, rows.data(), count, b, kvh, limit);
   for (Query& r : rows) {
-    float inverse = r.top == kHidden ? 0.0f : 1.0f / r.total;  // nothing visible: zeros
-    for (int d = 0; d < j.D; ++d) r.out[d] = r.top == kHidden ? 0.0f : (r.sums[d] + r.sums[j.D + d]) * inverse;
+    if (r.top == kHidden) {  // nothing visible: zeros
+      std::fill(r.out, r.out + j.D, 0.0f);
+      continue;
+    }
+    float inverse = 1.0f / r.total;
+    for (int d = 0; d < j.D; ++d) r.out[d] = (r.sums[d] + r.sums[j.D + d]) * inverse;
   }
 }
 
@@ -229,19 +233,13 @@ void run(const Job& j) {
   bool alone = pool.count() <= 1 || (size_t)groups * rows * j.S * j.D < (1u << 15);
   int parts = alone ? 1 : std::min(rows, (2 * pool.count() + groups - 1) / groups);
   int per_part = (rows + parts - 1) / parts;
-  auto unit = [&](int u, std::vector<float>& scratch) {
+  auto unit = [&](int u) {
+    thread_local std::vector<float> scratch;  // each thread's, kept between calls
     int g = u / parts, first = u % parts * per_part;
     if (first < rows) group(j, g / j.Hkv, g % j.Hkv, first, std::min(per_part, rows - first), scratch);
   };
-  if (alone) {
-    std::vector<float> scratch;
-    for (int u = 0; u < groups * parts; ++u) unit(u, scratch);
-    return;
-  }
-  pool.run(groups * parts, [&unit](int u) {
-    thread_local std::vector<float> scratch;
-    unit(u, scratch);
-  });
+  if (!alone) return pool.run(groups * parts, unit);
+  for (int u = 0; u < groups * parts; ++u) unit(u);
 }
 
 class FewRowsAttention : public mx::Primitive {
