@@ -67,10 +67,10 @@ class MtpDrafter:
             self._absorb(d)
         d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"], len(d["log"]), d["behind"])
         if d["unpaired"] is not None:
-            self._add(d, d["unpaired"][None], tokens[:1])
+            self._add(d, d["unpaired"], tokens if tokens.shape[0] == 1 else tokens[:1])
         if tokens.shape[0] > 1:
             self._add(d, hidden[:-1], tokens[1:])
-        d["unpaired"] = hidden[-1]
+        d["unpaired"] = hidden if hidden.shape[0] == 1 else hidden[-1:]
         d["behind"] += tokens.shape[0]
 
     def undo_feed(self, state) -> None:
@@ -139,7 +139,7 @@ class MtpDrafter:
         so the head is caught up and nothing is left to undo."""
         if d["pending"] >= MAX_ROWS:
             self._absorb(d)
-        self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
+        self._add(d, d["unpaired"], state.last.astype(mx.uint32).reshape(1))
         h, t = self._take_pairs(d)
         d["unpaired"] = d["undo"] = None
         d["behind"] = 0
@@ -152,10 +152,10 @@ class MtpDrafter:
         d = self._own(state)
         hidden = d.pop("verify_hidden")
         if d["unpaired"] is not None:  # verified without a propose (a grammar's forced drafts)
-            self._add(d, d["unpaired"][None], state.last.astype(mx.uint32).reshape(1))
+            self._add(d, d["unpaired"], state.last.astype(mx.uint32).reshape(1))
         if accepted:  # (h of last, d_1), ..., (h of d_n-1, d_n): exact pairs
             self._add(d, hidden[:accepted], mx.array(emitted[:accepted], dtype=mx.uint32))
-        d["unpaired"] = hidden[accepted]  # its next token is the new last, emitted[-1]
+        d["unpaired"] = hidden[accepted:accepted + 1]  # its next token is the new last, emitted[-1]
 
     def _absorb(self, d: dict) -> None:
         h, t = self._take_pairs(d)
@@ -166,7 +166,7 @@ class MtpDrafter:
         d = self._own(state)
         if d["unpaired"] is None:  # drafted and not yet committed: not a state of committed tokens
             return None
-        rows = mx.concatenate([*d["log"], d["unpaired"][None]])[:n]
+        rows = mx.concatenate([*d["log"], d["unpaired"]])[:n]
         absorbed = min(d["cache"][0].offset, n - 1)
         head = copy_layers([(c.keys, c.values) for c in d["cache"]], 0, absorbed) if absorbed else ()
         hidden = mx.contiguous(rows)
@@ -183,7 +183,7 @@ class MtpDrafter:
         if m - 1 > kept:
             self._add(d, snap.hidden[kept:m - 1], mx.array(tokens[kept + 1:m], dtype=mx.uint32))
         d["log"], d["packed"] = ([snap.hidden[:m - 1]], 1) if self.keep_log else ([], 0)
-        d["unpaired"], d["undo"], d["behind"] = snap.hidden[m - 1], None, m - kept
+        d["unpaired"], d["undo"], d["behind"] = snap.hidden[m - 1:m], None, m - kept
 
     def clone(self, source, twin) -> None:
         d = dict(self._own(source))
