@@ -45,38 +45,46 @@ def batch_depths(rows: Sequence[Row | None], table: CostTable, *, max_k: int, sl
         return (0,) * n
     depths = [k for k in table.depths if 1 <= k <= max_k]
     sizes, plain = Counter(objective for _, objective, _ in seqs), table.step_cost(n, 0)
-    score = _Scorer(sizes, plain, n, _floors(seqs, sizes, table, n, slack, 1 in depths))
+    score = _Scorer(sizes, plain, n, _floors(seqs, sizes, table, n, plain, slack, 1 in depths))
     best_value = score(Counter(), plain, Cost(ms=0.0, joules=0.0), Counter(), 0)
     best: tuple[int, tuple[int, ...]] = (0, ())
     for depth in depths:
         for m, order, tokens, drafting in _prefixes(seqs, depth):
-            value = score(tokens, table.verify_cost(n, depth), table.draft_cost(m, depth), drafting, m)
+            value = score(tokens, *plan_cost(table, n, depth, m), drafting, m)
             if value is not None and (best_value is None or value > best_value + _TIE * max(1.0, abs(best_value))):
                 best_value, best = value, (depth, tuple(i for i, _, _ in order[:m]))
     depth, chosen = best
     return tuple(depth if i in chosen else 0 for i in range(n))
 
 
+def plan_cost(table: CostTable, n: int, depth: int, drafting: int) -> tuple[Cost, Cost]:
+    """(verify, draft) of a step of n rows verified `depth` deep with `drafting` of them drafting."""
+    return table.verify_cost(n, depth), table.draft_cost(drafting, depth) if drafting else Cost(ms=0.0, joules=0.0)
+
+
 def _prefixes(seqs, depth: int):
     """(m, order, tokens added, drafting rows) per objective, for the m sequences whose drafts add the
     most tokens at this depth, m = 1..all."""
-    order = sorted(seqs, key=lambda s: (-_gain(s[2], depth), _ORDER[s[1]], s[0]))
+    gains = {i: _gain(rates, depth) for i, _, rates in seqs}
+    order = sorted(seqs, key=lambda s: (-gains[s[0]], _ORDER[s[1]], s[0]))
     tokens, drafting = Counter(), Counter()
-    for m, (_, objective, rates) in enumerate(order, start=1):
-        tokens[objective] += _gain(rates, depth)
+    for m, (i, objective, _) in enumerate(order, start=1):
+        tokens[objective] += gains[i]
         drafting[objective] += 1
         yield m, order, tokens, drafting
 
 
-def _floors(seqs, sizes: Counter, table: CostTable, n: int, slack: float, has_depth_1: bool) -> dict[str, float]:
+def _floors(seqs, sizes: Counter, table: CostTable, n: int, plain: Cost, slack: float,
+            has_depth_1: bool) -> dict[str, float]:
     """The least tokens per ms each objective's sequences must make: balanced plain decode's, energy
     (1 - slack) times theirs with every sequence drafting at depth 1 (plain's where no depth 1)."""
-    floors = {"balanced": sizes["balanced"] / table.step_cost(n, 0).ms}
+    floors = {"balanced": sizes["balanced"] / plain.ms}
     if sizes["energy"]:
-        energy = [s for s in seqs if s[1] == "energy"]
-        made = len(energy) + sum(_gain(rates, 1) for _, _, rates in energy) if has_depth_1 else len(energy)
-        ms = table.step_cost(n, 0).ms if not has_depth_1 else \
-            table.verify_cost(n, 1).ms + table.draft_cost(len(seqs), 1).ms
+        energy = [rates for _, objective, rates in seqs if objective == "energy"]
+        made, ms = len(energy), plain.ms
+        if has_depth_1:
+            verify, draft = plan_cost(table, n, 1, len(seqs))
+            made, ms = made + sum(_gain(rates, 1) for rates in energy), verify.ms + draft.ms
         floors["energy"] = (1.0 - slack) * made / ms
     return floors
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.batch_plan import batch_depths
+from runtime.batch_plan import batch_depths, plan_cost
 from runtime.plan import expected_tokens
 
 # An exploration runs this many steps: the cold plain step after it is shared by them. A burst starts
@@ -82,6 +82,5 @@ def expected_loss(table, views: list[SeqView | None], depths: tuple[int, ...]) -
     deepest depth and drafts for the rows that draft."""
     n, deepest, drafting = len(views), max(depths), sum(1 for d in depths if d)
     tokens = sum(expected_tokens(v.mean[:d] if v else ()) for v, d in zip(views, depths))
-    plain = table.step_cost(n, 0).ms
-    cost = table.verify_cost(n, deepest).ms + (table.draft_cost(drafting, deepest).ms if drafting else 0.0)
-    return max(0.0, cost - plain * tokens / n)
+    verify, draft = plan_cost(table, n, deepest, drafting)
+    return max(0.0, verify.ms + draft.ms - table.step_cost(n, 0).ms * tokens / n)
