@@ -30,18 +30,24 @@ from kernels.mtp_head import MTPHead
 from kernels.prompt_store import copy_layers, layers_nbytes, restored_cache
 from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
 
-# Exact pairs wait for the next propose, up to _ABSORB_AFTER of them; then they go into the head's
-# cache in one forward of their own. An absorb reads the head's weights once whatever its rows: on a
-# 2-core AMD EPYC 15 rows cost 2.1 ms (0.14 ms a row) and 63 rows 3.4-4.7 ms (0.055-0.075), so
-# plain steps pay half as much for keeping the head in step. A propose with more pending than the
-# compiled block takes absorbs them first, so the draft's own forward stays compiled.
+# Exact pairs wait for the next propose, which feeds them to the head in its first forward (absorbing
+# those beyond the compiled block first, so the draft's own forward stays compiled). A sequence that
+# does not draft keeps only its newest pairs: at _ABSORB_AFTER pending, a plain step forgets the
+# oldest, down to _KEEP. Absorbing them instead kept the head in step at ~0.13 ms a pair per sequence
+# (its block is compute-bound at 63 rows: 7-10 ms an absorb on a 2-core Xeon), 3-4% of a batch's
+# plain decode where nothing drafted; a head that drafts after forgetting reads only the newest 47-63
+# pairs, which cost 2-3% of its first-draft acceptance even when every draft did so (held-out chat
+# 0.362 -> 0.353, code 0.567 -> 0.556, a replay of the shipped head). A prompt's chunks still absorb
+# what came before them, so a cached prompt restores the state a fresh prefill leaves.
 _ABSORB_AFTER = 4 * MAX_ROWS - 1
+_KEEP = 3 * MAX_ROWS - 1
 
 
 class MtpDrafter:
     """Per sequence: `hidden`/`tokens`, the `pending` exact pairs (target hidden h_j, token t_j+1)
-    not yet in the head's cache, and `unpaired`, the newest hidden row, whose next token is the
-    sequence's `last`."""
+    not yet in the head's cache, `unpaired`, the newest hidden row, whose next token is the
+    sequence's `last`, and `exact`, how many of the head cache's first rows are pairs 0.. in order
+    (None until a pair is forgotten: then all of them)."""
 
     wants_hidden = True
     clonable = True  # its head caches are plain KV caches
@@ -58,13 +64,16 @@ class MtpDrafter:
     def _own(self, state) -> dict:
         if not state.drafter:
             state.drafter.update(cache=self.head.make_cache(), hidden=[], tokens=[], pending=0, unpaired=None,
-                                 undo=None, log=[], behind=0)
+                                 undo=None, log=[], behind=0, exact=None)
         return state.drafter
 
     def fed(self, state, tokens: mx.array, hidden: mx.array) -> None:
         d = self._own(state)
-        if d["pending"] >= _ABSORB_AFTER:  # only pairs fed before: this feed stays undoable
-            self._absorb(d)
+        if d["pending"] >= _ABSORB_AFTER:  # pairs fed before: this feed stays undoable
+            if tokens.shape[0] == 1 and d["pending"] > _KEEP:  # a plain step: the newest pairs are kept
+                self._forget(d, d["pending"] - _KEEP)
+            else:  # a prompt chunk: the pairs before it stay exact, as a restore makes them
+                self._absorb(d)
         d["undo"] = (len(d["hidden"]), d["pending"], d["unpaired"], len(d["log"]), d["behind"])
         if d["unpaired"] is not None:
             self._add(d, d["unpaired"], tokens if tokens.shape[0] == 1 else tokens[:1])
@@ -157,6 +166,23 @@ class MtpDrafter:
             self._add(d, hidden[:accepted], mx.array(emitted[:accepted], dtype=mx.uint32))
         d["unpaired"] = hidden[accepted:accepted + 1]  # its next token is the new last, emitted[-1]
 
+    @staticmethod
+    def _forget(d: dict, rows: int) -> None:
+        """Drop the oldest `rows` pending pairs (the log keeps them for the prompt cache): the next
+        propose catches up on the rest and the newest."""
+        if d["exact"] is None:
+            d["exact"] = d["cache"][0].offset
+        d["behind"] = min(d["behind"], d["pending"] - rows + 1)
+        while rows > 0:
+            first = d["tokens"][0].shape[0]
+            if first > rows:
+                d["hidden"][0], d["tokens"][0] = d["hidden"][0][rows:], d["tokens"][0][rows:]
+                d["pending"] -= rows
+                return
+            del d["hidden"][0], d["tokens"][0]
+            d["pending"] -= first
+            rows -= first
+
     def _absorb(self, d: dict) -> None:
         h, t = self._take_pairs(d)
         self.head.absorb(h, t, self.embed, self.norm, d["cache"])
@@ -167,7 +193,8 @@ class MtpDrafter:
         if d["unpaired"] is None:  # drafted and not yet committed: not a state of committed tokens
             return None
         rows = mx.concatenate([*d["log"], d["unpaired"]])[:n]
-        absorbed = min(d["cache"][0].offset, n - 1)
+        exact = d["cache"][0].offset if d["exact"] is None else d["exact"]
+        absorbed = min(exact, n - 1)
         head = copy_layers([(c.keys, c.values) for c in d["cache"]], 0, absorbed) if absorbed else ()
         hidden = mx.contiguous(rows)
         mx.eval(hidden)

@@ -16,6 +16,14 @@ FIRST = list(range(3, 40))  # a conversation's first request
 N = 16
 
 
+@pytest.fixture(autouse=True)
+def every_pair_kept(monkeypatch):
+    """These tests check what a restore gives, so the MTP drafter absorbs every pair as a restore
+    keeps it: past the bound a fresh sequence's plain step forgets its oldest pairs, and one restored
+    from a run that drafted through them has them in its head (both exact; their drafts differ)."""
+    monkeypatch.setattr("kernels.drafters._KEEP", 1 << 30)
+
+
 def engine_of(kind, model, cache=True, batched=False, entries=8, nbytes=1 << 30):
     engine = make_engine(kind, model, batched=batched)
     if cache:

@@ -142,13 +142,10 @@ def test_a_draft_after_a_long_plain_spell_catches_up_within_the_compiled_block(s
     assert fed_rows[-1] <= MAX_ROWS
 
 
-@pytest.mark.parametrize("absorb_after", [None, 3])
 @pytest.mark.parametrize("kind", ["mtp", "mtp-fused"])
-def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, kind, monkeypatch):
+def test_mtp_head_sees_exactly_the_committed_pairs(kind):
     """After plain and verify steps, the head's drafts equal a fresh head fed the whole history, also
-    when pending pairs are absorbed between drafts (a small bound) and lookahead feeds are undone."""
-    if absorb_after is not None:
-        monkeypatch.setattr("kernels.drafters._ABSORB_AFTER", absorb_after)
+    when lookahead feeds are undone."""
     model = tiny_llama(seed=4)
     engine = make_engine(kind, model)
     head, prompt = engine.drafter.head, PROMPTS[1]
@@ -164,6 +161,53 @@ def test_mtp_head_sees_exactly_the_committed_pairs(absorb_after, kind, monkeypat
     got_ids, got_logprobs = engine.propose("s", 3)
     assert got_ids == expected.ids
     assert got_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "mtp-fused"])
+@pytest.mark.parametrize("absorbed_first", [False, True])
+def test_a_sequence_that_does_not_draft_keeps_only_its_newest_pairs(kind, absorbed_first, monkeypatch):
+    """Past a bound of pending pairs, plain steps forget the oldest: the next draft equals a fresh head
+    fed the pairs absorbed before the spell, then only the newest ones kept."""
+    monkeypatch.setattr("kernels.drafters._ABSORB_AFTER", 9)
+    monkeypatch.setattr("kernels.drafters._KEEP", 5)
+    model = tiny_llama(seed=4)
+    engine = make_engine(kind, model)
+    drafter, prompt = engine.drafter, PROMPTS[1]  # its 8 pairs stay under the bound
+    out = [engine.prefill("s", prompt, 0.0, 1.0, None, lookahead=True)]
+    state = engine.seqs["s"]
+    if absorbed_first:  # a speculative step takes every pending pair into the head's cache
+        drafts = engine.propose("s", 2)[0]
+        accepted, emitted = engine.verify("s", drafts, True)
+        engine.rollback("s", len(drafts), accepted, emitted)
+        out += emitted
+    for _ in range(14):
+        out += engine.decode(["s"], [True])
+        assert state.drafter["pending"] <= 9
+    engine.settle(state)
+    kept, absorbed = state.drafter["pending"], state.drafter["exact"]  # the head's rows before the spell
+    assert absorbed == (len(prompt) if absorbed_first else 0)
+    assert state.length == len(prompt) + len(out) - 1
+    history = mx.array(prompt + out, dtype=mx.uint32)
+    hidden = head_input(model, history, drafter)
+    pairs_h, pairs_t = hidden[:-1], history[1:]
+    cache = drafter.head.make_cache()
+    if absorbed:
+        drafter.head.absorb(pairs_h[:absorbed], pairs_t[:absorbed], drafter.embed, drafter.norm, cache)
+    expected = drafter.head.draft(pairs_h[-(kept + 1):], pairs_t[-(kept + 1):], 3, drafter.embed, drafter.norm,
+                                  drafter.lm_head, cache)
+    got_ids, got_logprobs = engine.propose("s", 3)
+    assert state.caught_up == kept + 1
+    assert got_ids == expected.ids
+    assert got_logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_speculation_equals_plain_decode_while_pairs_are_forgotten(k, monkeypatch):
+    monkeypatch.setattr("kernels.drafters._ABSORB_AFTER", 3)
+    monkeypatch.setattr("kernels.drafters._KEEP", 1)
+    model = tiny_llama(seed=4)
+    for prompt in PROMPTS:
+        assert speculative(make_engine("mtp", model), "mtp", prompt, k, True) == plain(model, prompt)[:N]
 
 
 def test_plain_decode_feeds_the_head_every_pair_once():
