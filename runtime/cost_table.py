@@ -138,6 +138,8 @@ def make_table(
 
 def cost_at_depth(depths: Sequence[int], row: Sequence[Cost], depth: float) -> Cost:
     """One width's row of cells, interpolated at a (possibly fractional) depth."""
+    if depth in depths:  # a cell itself (what interpolation gives there): the planner asks ~60 a step
+        return row[depths.index(depth)]
     ms = interpolate(depths, [c.ms for c in row], depth)
     joules = interpolate(depths, [c.joules for c in row], depth)
     return Cost(ms=ms, joules=joules)

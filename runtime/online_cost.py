@@ -59,6 +59,14 @@ SPREAD_FLOOR = 0.02  # log units (2%): a tight cell still lets a real change thr
 SPREAD_START = 0.25  # the spread assumed before any residual is seen
 SHRINK = 8.0  # pseudo-observations of a level's parent: a cell leans on its width until it has ~8 own
 Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cell's cost
+# How cautious the plan is about a speculative cell this server has hardly measured, where its prior
+# came from elsewhere (a shipped or foreign table): one spread over the root of its own count + 1,
+# so an unmeasured cell costs ~28% more and one measured 30 times ~1-2%. On a 2-core Xeon the shipped
+# table priced a width-7 depth-1 step at 1.1x a plain one where it cost 1.3x, and a fresh server's
+# first width-8 run speculated in 59 steps at 0.86x plain; the exploration budget measures such
+# cells instead, at its bounded cost.
+CAUTION_Z = 1.0
+OWN_PRIORS = ("cache", "self-calibration")  # measured by this machine's servers: no caution
 # The planner's tables are rebuilt after this many observations, not after each: a rebuild prices
 # every cell (0.7 ms of the actors' time a step at width 4), and one step moves a cell by ~1/64.
 REBUILD_EVERY = 8
@@ -113,6 +121,7 @@ class OnlineCostModel:
         # kind -> level estimates: the kind as a whole, each width, each cell; for ms and joules
         self._levels: dict[tuple, RobustEstimate] = {}
         self._table: CostTable | None = None
+        self._estimates: CostTable | None = None
         self._optimistic: CostTable | None = None
         self._unpriced = 0  # observations since the tables were built
         self._prior_cells: dict[tuple[Kind, int, int], Cost] = {}  # the prior never changes: read once
@@ -180,7 +189,7 @@ class OnlineCostModel:
     def _moved(self) -> None:
         self._unpriced += 1
         if self._unpriced >= REBUILD_EVERY or self.observations <= REBUILD_EVERY:  # the first ones move cells most
-            self._table = self._optimistic = None
+            self._table = self._optimistic = self._estimates = None
 
     def plain_measured(self) -> bool:
         """Whether plain decode, the reference of every speculative cell, has been measured here."""
@@ -217,15 +226,22 @@ class OnlineCostModel:
         return Cost(ms=prior.ms * self.ratio(kind, "ms", width, depth),
                     joules=prior.joules * self.ratio(kind, "j", width, depth))
 
-    def table(self) -> CostTable:
-        """The corrected table the planner reads: the prior's grid plus every width served."""
-        if self._table is None:
+    def estimates(self) -> CostTable:
+        """The corrected table: the prior's grid plus every width served, each cell at its estimate."""
+        if self._estimates is None:
             self._unpriced = 0
             widths = sorted(set(self.prior.widths) | {k[2] for k in self._levels if len(k) >= 3})
             grid = {kind: tuple(tuple(self._cell(kind, n, k) for k in self.prior.depths) for n in widths)
                     for kind in ("verify", "draft")}
-            self._table = msgspec.structs.replace(self.prior, widths=tuple(widths), verify=grid["verify"],
-                                                  draft=grid["draft"])
+            self._estimates = msgspec.structs.replace(self.prior, widths=tuple(widths), verify=grid["verify"],
+                                                      draft=grid["draft"])
+        return self._estimates
+
+    def table(self) -> CostTable:
+        """The table the planner reads: the estimates, each speculative cell at an upper bound of its
+        cost (CAUTION_Z) where the prior is not this machine's own measurement."""
+        if self._table is None:
+            self._table = self._bounded(CAUTION_Z) if self.source not in OWN_PRIORS else self.estimates()
         return self._table
 
     def optimistic_table(self) -> CostTable:
@@ -234,27 +250,31 @@ class OnlineCostModel:
         still gets measured, and stops being discounted once it has been. Plain decode (verify at
         depth 0), the baseline every step is judged against, keeps its estimate."""
         if self._optimistic is None:
-            table = self.table()
-            grid = {kind: tuple(tuple(self._lower(kind, n, k, c) for k, c in zip(table.depths, cells))
-                                for n, cells in zip(table.widths, getattr(table, kind)))
-                    for kind in ("verify", "draft")}
-            self._optimistic = msgspec.structs.replace(table, verify=grid["verify"], draft=grid["draft"])
+            self._optimistic = self._bounded(-Z)
         return self._optimistic
 
-    def _lower(self, kind: Kind, n: int, k: int, cost: Cost) -> Cost:
+    def _bounded(self, z: float) -> CostTable:
+        """The estimates with each speculative cell moved by z spreads over the root of its own count + 1."""
+        table = self.estimates()
+        grid = {kind: tuple(tuple(self._bound(kind, n, k, c, z) for k, c in zip(table.depths, cells))
+                            for n, cells in zip(table.widths, getattr(table, kind)))
+                for kind in ("verify", "draft")}
+        return msgspec.structs.replace(table, verify=grid["verify"], draft=grid["draft"])
+
+    def _bound(self, kind: Kind, n: int, k: int, cost: Cost, z: float) -> Cost:
         if k == 0:
             return cost
         own = self._levels.get((kind, "ms", n, k))
         own = self._aged(own) if own else None
         count, spread = (own.count, max(own.spread, SPREAD_FLOOR)) if own else (0, SPREAD_START)
-        factor = math.exp(-Z * spread / math.sqrt(count + 1))
+        factor = math.exp(z * spread / math.sqrt(count + 1))
         return Cost(ms=cost.ms * factor, joules=cost.joules * factor)
 
     def learned_table(self, meta: TableMeta) -> CostTable:
         """The corrected table under new metadata, with every observation in: what is saved for the next start."""
         self.flush()
-        self._table = self._optimistic = None
-        return msgspec.structs.replace(self.table(), meta=meta)
+        self._table = self._optimistic = self._estimates = None
+        return msgspec.structs.replace(self.estimates(), meta=meta)
 
     def _cell(self, kind: Kind, n: int, k: int) -> Cost:
         if kind == "draft" and k == 0:

@@ -170,11 +170,33 @@ def test_exploration_reads_unmeasured_speculative_cells_at_their_lower_bound():
     as it is; the lower bound fades as the cell is measured, and plain decode is never discounted."""
     costs = OnlineCostModel(prior_table(), "test")
     low = costs.optimistic_table()
-    assert low.verify_cost(1, 0).ms == costs.table().verify_cost(1, 0).ms
-    assert low.verify_cost(1, 1).ms < 0.8 * costs.table().verify_cost(1, 1).ms
+    assert low.verify_cost(1, 0).ms == costs.estimates().verify_cost(1, 0).ms
+    assert low.verify_cost(1, 1).ms < 0.8 * costs.estimates().verify_cost(1, 1).ms
     for _ in range(200):
         costs.observe("verify", 1, 1, 90.0, 1.8)
-    assert costs.optimistic_table().verify_cost(1, 1).ms > 0.97 * costs.table().verify_cost(1, 1).ms
+    assert costs.optimistic_table().verify_cost(1, 1).ms > 0.97 * costs.estimates().verify_cost(1, 1).ms
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["shipped", "foreign-shipped", "foreign-cache"]), st.floats(0.7, 1.6), st.integers(0, 2**31))
+def test_the_plan_prices_a_cell_measured_elsewhere_dearer_until_it_is_measured_here(source, ratio, seed):
+    """Under a prior from elsewhere, an unmeasured speculative cell is read at an upper bound of its
+    cost (never below its estimate, plain decode as estimated); measured here, the bound fades to a
+    few percent. A prior this machine measured (its cache, a self-calibration) is read as estimated."""
+    rng = random.Random(seed)
+    costs = OnlineCostModel(prior_table(), source)
+    plan, estimate = costs.table(), costs.estimates()
+    assert plan.verify_cost(1, 0).ms == estimate.verify_cost(1, 0).ms
+    assert plan.verify_cost(1, 1).ms > 1.25 * estimate.verify_cost(1, 1).ms
+    assert plan.draft_cost(4, 2).ms > 1.25 * estimate.draft_cost(4, 2).ms
+    for _ in range(60):
+        costs.observe("verify", 1, 0, 80.0 * (1 + rng.uniform(-0.02, 0.02)), 1.6)
+        costs.observe("verify", 1, 1, 90.0 * ratio * (1 + rng.uniform(-0.02, 0.02)), 1.8)
+    plan, estimate = costs.table(), costs.estimates()
+    assert estimate.verify_cost(1, 1).ms <= plan.verify_cost(1, 1).ms < 1.03 * estimate.verify_cost(1, 1).ms
+    for own in ("cache", "self-calibration"):
+        mine = OnlineCostModel(prior_table(), own)
+        assert mine.table().verify_cost(1, 1).ms == mine.estimates().verify_cost(1, 1).ms
 
 
 @settings(max_examples=50, deadline=None)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from runtime.batch_plan import batch_depths
 from runtime.cost_table import Cost, make_table
-from runtime.plan import expected_tokens, propose_depth
+from runtime.plan import expected_tokens, prior_at, propose_depth
 from runtime.step_plan import Plan, SeqView, plan_step
 from tests.unit.test_online_estimators import META
 from tests.unit.test_plan import planner_cases
@@ -30,7 +30,8 @@ def speed(table, rows, depths) -> tuple[float, float]:
     n, deepest = len(rows), max(depths)
     drafting = sum(1 for d in depths if d)
     ms = table.verify_cost(n, deepest).ms + (table.draft_cost(drafting, deepest).ms if drafting else 0.0)
-    tokens = sum(expected_tokens(r[1][:d]) for r, d in zip(rows, depths) if r)
+    # past its last rate a row's acceptance is its last rate's, as the planner reads it (prior_at)
+    tokens = sum(expected_tokens([prior_at(r[1], t) for t in range(1, d + 1)]) for r, d in zip(rows, depths) if r)
     return tokens / ms, sum(1 for r in rows if r) / table.step_cost(n, 0).ms
 
 
