@@ -37,6 +37,11 @@ such steps cost 1.18x, and chat, which pays at 1.35x only from a first-draft acc
 decoded plainly from then on, so the cell was never measured again. Past HOLD_MAX held steps (a
 long spell) the oldest is learned at its own step's tempo, as before.
 
+The planner reads `table()`: the estimates, except that where the prior came from elsewhere (shipped
+or foreign) a speculative cell is read at an upper bound of its cost until this server has measured
+it (CAUTION_Z); exploration reads the lower bounds (`optimistic_table()`), and what is saved and shown
+is the estimates.
+
 Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 """
 
