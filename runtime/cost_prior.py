@@ -14,7 +14,7 @@ import datetime
 from pathlib import Path
 
 from runtime.cost_table import CostTable, CostTableError, TableMeta, load_table, save_table
-from runtime.online_cost import OnlineCostModel
+from runtime.online_cost import CACHED, OnlineCostModel
 from runtime.self_calibration import SELF_CALIBRATED
 
 
@@ -23,8 +23,8 @@ def prior_tables(model: str, drafter: str, cache: str | None, first: Path | None
     distributed group's own learned table) before them."""
     from runtime.calibrate import SHIPPED_DIR, table_name, table_path
 
-    found = [(table_path(model, drafter, cache), "cache"), (SHIPPED_DIR / table_name(model, drafter), "shipped")]
-    return ([(first, "cache")] if first is not None else []) + found
+    found = [(table_path(model, drafter, cache), CACHED), (SHIPPED_DIR / table_name(model, drafter), "shipped")]
+    return ([(first, CACHED)] if first is not None else []) + found
 
 
 def load_prior(model: str, drafter: str, cache: str | None, machine: str, log,

@@ -55,6 +55,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from runtime.cost_table import Cost, CostTable, TableMeta
+from runtime.self_calibration import SELF_CALIBRATED
 
 Kind = Literal["verify", "draft"]
 
@@ -71,7 +72,8 @@ Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cel
 # first width-8 run speculated in 59 steps at 0.86x plain; the exploration budget measures such
 # cells instead, at its bounded cost.
 CAUTION_Z = 1.0
-OWN_PRIORS = ("cache", "self-calibration")  # measured by this machine's servers: no caution
+CACHED = "cache"  # the origin of a prior this machine's servers learned (runtime/cost_prior.py)
+OWN_PRIORS = (CACHED, SELF_CALIBRATED)  # measured by this machine's servers: no caution
 # The planner's tables are rebuilt after this many observations, not after each: a rebuild prices
 # every cell (0.7 ms of the actors' time a step at width 4), and one step moves a cell by ~1/64.
 REBUILD_EVERY = 8
