@@ -117,6 +117,10 @@ class ModelOwner(Actor):
             from kernels.sharding import started
 
             self.layout, self.collectives_ms = started(loaded, drafter, self.channel)
+        else:  # a group's ranks run only the steps its leader sends
+            from kernels.warm_up import warm_up
+
+            warm_up(self.engine, spec.num_draft_tokens if drafter_kind != "none" else 0, loaded.vocab_size)
         return ModelInfo(model_id=self.model_path.name, path=str(self.model_path),
                          context_length=loaded.context_length, vocab_size=loaded.vocab_size,
                          blas=BLAS, matmul=loaded.matmul, dtype=loaded.dtype, drafter=drafter_kind,

@@ -2,9 +2,12 @@
 
 Where the planner's best estimate says plain decode pays and the upper bound of acceptance says
 drafting still might, a step may speculate to find out. Its cost is what it lost against plain
-decode: its wall time less the plain cost of the tokens it emitted (never below zero), and the
-excess of the plain step after it, which starts with no lookahead in flight. Every plain
-step adds `share` of its wall time to the allowance, so over any run exploration costs at most
+decode: its wall time less the plain cost of the tokens it emitted, and the excess of the plain
+step after it, which starts with no lookahead in flight. A step that paid (drafts accepted) gives
+its gain back to the allowance: exploration pays for itself where drafting pays, so a burst that
+finds a paying cell goes on measuring it instead of waiting ~70 plain steps for the next (a fresh
+server on code prompts decoded its first three requests plainly that way). Every plain step adds
+`share` of its wall time to the allowance, so over any run exploration's net cost is at most
 `share` of the time spent decoding plainly (1% by default) plus one step; the allowance is capped,
 so a long plain spell cannot buy a burst of losses later. Each burst of explorations that all lost
 halves what plain steps earn (down to 1/64), and one that paid restores it: where drafting never
@@ -46,9 +49,10 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
         self.allowance_ms = min(self.cap_ms, self.allowance_ms + earned)
 
     def note_explored(self, wall_ms: float, plain_ms_per_token: float, tokens_per_seq: float) -> float:
-        """Charge one exploring step; returns what it lost against plain decode."""
-        loss = max(0.0, wall_ms - plain_ms_per_token * tokens_per_seq)
-        self.allowance_ms -= loss
+        """Charge one exploring step; returns what it lost against plain decode (below zero: it paid,
+        and the gain goes back to the allowance)."""
+        loss = wall_ms - plain_ms_per_token * tokens_per_seq
+        self.allowance_ms = min(self.cap_ms, self.allowance_ms - loss)
         self.spent_ms += loss
         self.steps += 1
         self.misses = self.misses + 1 if loss > 0 else 0

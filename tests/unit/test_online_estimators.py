@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -208,6 +209,21 @@ def test_losing_explorations_earn_less_and_one_that_pays_restores_the_share(miss
     assert budget.rate == 0.01 / 2 ** min(misses // 4, 6) and budget.rate >= 0.01 / 64
     budget.note_explored(100.0, 80.0, 2.0)  # two tokens: it paid
     assert budget.rate == 0.01
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(20.0, 300.0), min_size=1, max_size=50), st.floats(1.0, 3.0))
+def test_an_exploration_that_paid_gives_its_gain_back_never_past_the_cap(walls, tokens):
+    """Net accounting: what exploring steps gained against plain decode returns to the allowance, so
+    exploration where drafting pays goes on measuring; the allowance never passes its cap."""
+    budget = ExplorationBudget(share=0.01, cap_ms=200.0)
+    net = 0.0
+    for wall in walls:
+        net += budget.note_explored(wall, 80.0, tokens)
+        assert budget.allowance_ms <= budget.cap_ms
+    assert budget.spent_ms == pytest.approx(net)
+    if all(w < 80.0 * tokens for w in walls):
+        assert budget.allowance_ms > 0 and budget.spent_ms < 0
 
 
 def test_the_planners_table_follows_observations_every_few_steps_and_the_saved_one_all():
