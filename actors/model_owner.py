@@ -271,7 +271,7 @@ class ModelOwner(Actor):
         tokens = self.engine.decode(msg.seq_ids, (False,) * len(msg.seq_ids))  # lookahead follows the reply
         logprobs = tuple(self._logprobs(s) for s in msg.seq_ids)
         return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started,
-                       logprobs=logprobs if any(logprobs) else ())
+                       logprobs=logprobs if any(logprobs) else (), traces=_traces())
 
     def _propose(self, msg: Propose) -> Drafted:
         started = time.perf_counter()
@@ -293,7 +293,7 @@ class ModelOwner(Actor):
         started = time.perf_counter()
         accepted, emitted = self.engine.verify(msg.seq_id, list(msg.drafts), msg.use_draft_probs)
         return Verified(accepted=accepted, emitted=tuple(emitted), seconds=time.perf_counter() - started,
-                        logprobs=self._logprobs(msg.seq_id))
+                        logprobs=self._logprobs(msg.seq_id), traces=_traces())
 
     def _time_cell(self, msg: TimeCell) -> CellTimed:
         if self.timer is None:
@@ -314,7 +314,8 @@ class ModelOwner(Actor):
         seconds = time.perf_counter() - started
         return VerifiedBatch(results=tuple(Verified(accepted=a, emitted=tuple(e), seconds=seconds,
                                                     logprobs=self._logprobs(r.seq_id))
-                                           for r, (a, e) in zip(msg.rows, results)), seconds=seconds)
+                                           for r, (a, e) in zip(msg.rows, results)), seconds=seconds,
+                             traces=_traces())
 
     def _can_branch(self) -> Branching:
         from kernels.tree_verify import can_branch
@@ -341,6 +342,13 @@ class ModelOwner(Actor):
         result = self.engine.verify_tree(msg.seq_id, DraftTree(msg.tokens, msg.parents, msg.leaves), msg.layout)
         return TreeVerified(accepted=result.accepted, emitted=tuple(result.emitted), branch=result.branch,
                             branch_accepted=tuple(result.branch_accepted), seconds=time.perf_counter() - started)
+
+
+def _traces() -> int:
+    """The compiled graphs traced so far on this process (kernels/compiled_blocks.py)."""
+    from kernels import compiled_blocks
+
+    return compiled_blocks.traces
 
 
 def _scope(params) -> str | None:

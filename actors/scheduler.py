@@ -59,6 +59,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
         self.ahead = False  # a lookahead plain step is in flight
+        self.traces_seen = 0  # the owner's count of compiled graphs traced, as of its latest step reply
         self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
         self.interleaved = False  # something else (a prefill) ran since it
         self.consulted = None  # what the latest decision read, for its trace
@@ -216,13 +217,19 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         wall, spent = time.perf_counter() - started, self.meter.read()  # one reading: each is a syscall
         joules, self.step_ended = spent.since(energy), (started + wall, spent, ids)
         if (controller := self.policy.controller) is not None:
-            controller.record_plain(len(batch), wall * 1e3, joules, chosen)
+            controller.record_plain(len(batch), wall * 1e3, joules, chosen, traced=self.traced(reply.traces))
         for i, (seq, token) in enumerate(zip(batch, reply.tokens)):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall
             await self.emit(seq, [token], reply.logprobs[i] if reply.logprobs else ())
         self.mode.note_step("plain", len(batch), 0, 0)
         await self.after_step(StepChoice(GateStep.PLAIN, (0,) * len(batch)), wall, batch, len(batch), joules)
+
+    def traced(self, count: int) -> bool:
+        """Whether the owner traced a compiled graph (a shape's first use) since its latest step reply:
+        this step, or the lookahead before it, paid a one-time cost, not its shape's."""
+        seen, self.traces_seen = self.traces_seen, max(self.traces_seen, count)
+        return count > seen
 
     async def after_step(self, choice: StepChoice, wall: float, batch, tokens: int, joules: float | None = None,
                          outcomes: tuple = ()) -> None:

@@ -44,8 +44,12 @@ class SpecStep:
             drafted_at, drafted_energy = time.perf_counter(), self.meter.read()
             rows = tuple(VerifyDrafts(seq_id=s.request_id, drafts=d.tokens if d else (),
                                       use_draft_probs=bool(d and d.has_probs)) for s, d in zip(batch, drafts))
-            results = ((await self.verifier.ask(rows[0])),) if len(rows) == 1 else \
-                (await self.verifier.ask(VerifyBatch(rows=rows))).results
+            if len(rows) == 1:
+                results = (await self.verifier.ask(rows[0]),)
+                traces = results[0].traces
+            else:
+                verified = await self.verifier.ask(VerifyBatch(rows=rows))
+                results, traces = verified.results, verified.traces
         except ActorFailure as e:
             for seq in batch:
                 await self.fail(seq, e)
@@ -61,7 +65,8 @@ class SpecStep:
                                    verify_j=spent.since(drafted_energy),
                                    draft_width=sum(1 for d in drafts if d and not d.forced),
                                    draft_ms=(drafted_at - started) * 1e3,
-                                   draft_j=drafted_energy.since(energy), tokens=tokens, caught_up=caught_up)
+                                   draft_j=drafted_energy.since(energy), tokens=tokens, caught_up=caught_up,
+                                   traced=self.traced(traces))
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts and drafted.forced:
                 seq.spec.note_forced(len(row.drafts), wall)

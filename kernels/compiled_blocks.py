@@ -37,6 +37,9 @@ from kernels.mtp_head import MTPBlock
 from kernels.tree_verify import Positions
 
 MAX_ROWS = 16  # rows per sequence a compiled step takes; more (a prefill chunk) runs the stock layer
+# Graphs traced so far in this process: a compiled part's Python body runs only when it traces (a new
+# shape), so a step that moved this paid a one-time cost, not its shape's (the owner's replies carry it).
+traces = 0
 
 
 class CompiledBlock(TransformerBlock):
@@ -115,9 +118,20 @@ def _fused_kernels(block):
 def _graphs(block):
     graphs = getattr(block, "_compiled", None)
     if graphs is None or graphs[0] != rows_matmul.swaps:
-        graphs = (rows_matmul.swaps, *(mx.compile(part) for part in _parts(block)))
+        graphs = (rows_matmul.swaps, *(mx.compile(_counted(part)) for part in _parts(block)))
         object.__setattr__(block, "_compiled", graphs)  # a plain attribute: not a parameter
     return graphs[1:]
+
+
+def _counted(part):
+    """part, counting its calls in `traces`: compiled, it is called only to trace."""
+
+    def counted(*args):
+        global traces
+        traces += 1
+        return part(*args)
+
+    return counted
 
 
 def _parts(block: TransformerBlock):

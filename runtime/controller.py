@@ -87,6 +87,7 @@ class OnlineController:
         self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
         self.catch_ups = 0  # drafts not counted as the draft cell's cost: they caught up first
+        self.traced_steps = 0  # steps not counted as their cells' cost: they traced a compiled graph
         self.viewed: tuple[tuple[str, ...], list[SeqView | None]] = ((), [])  # the latest plan's batch and views
 
     # --- requests --------------------------------------------------------------------------------
@@ -153,13 +154,17 @@ class OnlineController:
         return out
 
     # --- what happened ---------------------------------------------------------------------------
-    def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True) -> None:
+    def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True, traced: bool = False) -> None:
         """A plain step's cost. Only a step the controller chose plain (someone could have drafted)
         pays into the exploration allowance: requests that never draft buy no exploration. A cold
         step after a speculative one is a transition, not a plain step's cost: counting it would make
-        plain decode look dearer the more the server speculates (and so speculate more)."""
+        plain decode look dearer the more the server speculates (and so speculate more). traced: the
+        step paid for tracing a compiled graph (a shape's first use): not its shape's cost either."""
         self.burst_left = 0
-        if self.cold_next:
+        if traced:
+            self.traced_steps += 1
+            self.cold_next = False
+        elif self.cold_next:
             if self.explored_last:
                 self.budget.note_cold(ms, self.costs.table().step_cost(width, 0).ms)
             self.cold_next = False
@@ -188,15 +193,21 @@ class OnlineController:
         self.cold_next = False
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
-                    draft_width: int, draft_ms: float, draft_j: float, tokens: int, caught_up: int = 0) -> None:
+                    draft_width: int, draft_ms: float, draft_j: float, tokens: int, caught_up: int = 0,
+                    traced: bool = False) -> None:
         """A speculative step's costs (draft and verify apart) and its wall time in the budget;
-        caught_up: the most tokens one of its drafts first caught up on."""
+        caught_up: the most tokens one of its drafts first caught up on. traced: it paid for tracing a
+        compiled graph, once per shape and process, so it is neither its cells' cost nor exploration's
+        loss: at width 4 a new shape's first step took 130-190 ms against ~90, one such step overdrew
+        the allowance, and code, which pays 1.08x at depth 1 there, was never explored enough to draft."""
         n = len(batch)
-        self.unobserved = StepCost(n, verify_depth, verify_ms, verify_j, draft_width, max(plan.depths), draft_ms,
-                                   draft_j, caught_up)
-        if plan.exploring:
+        self.unobserved = None if traced else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
+                                                       max(plan.depths), draft_ms, draft_j, caught_up)
+        self.traced_steps += traced
+        if plan.exploring and not traced:
             plain = self.costs.table().step_cost(n, 0).ms
             self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
+        if plan.exploring:
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
         else:
             self.burst_left = 0
@@ -236,7 +247,8 @@ class OnlineController:
         return views if ids == tuple(s.request_id for s in batch) else None
 
     def snapshot(self, active=()) -> dict:
-        return {"cost_model": self.costs.snapshot() | {"drafts_catching_up": self.catch_ups},
+        return {"cost_model": self.costs.snapshot() | {"drafts_catching_up": self.catch_ups,
+                                                       "steps_tracing": self.traced_steps},
                 "phase_acceptance": self.priors.snapshot(),
                 "phase_request_strength": self.priors.strengths(),
                 "phase_speculates": {p.value: s for p, s in self.phase_speculates.items()},

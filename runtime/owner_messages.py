@@ -70,6 +70,7 @@ class Decoded(Msg, frozen=True):
     tokens: tuple[int, ...]
     seconds: float
     logprobs: tuple[tuple[TokenLogprob, ...], ...] = ()  # per sequence, where any asked for them
+    traces: int = 0  # compiled graphs the owner has traced so far (a step that moved it paid for tracing)
 
 
 class Quantization(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +143,7 @@ class Verified(Msg, frozen=True):
     emitted: tuple[int, ...]
     seconds: float
     logprobs: tuple[TokenLogprob, ...] = ()
+    traces: int = 0  # as Decoded's
 
 
 class VerifyBatch(Msg, frozen=True):
@@ -153,6 +155,7 @@ class VerifyBatch(Msg, frozen=True):
 class VerifiedBatch(Msg, frozen=True):
     results: tuple[Verified, ...]
     seconds: float
+    traces: int = 0  # as Decoded's
 
 
 class Rollback(Msg, frozen=True):

@@ -49,6 +49,7 @@ from itertools import cycle
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 from runtime.bench import _plot
 from runtime.bench.common import table
@@ -97,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"add an {CONTROL} run: the served server, both legs plain (this machine's noise)")
     p.add_argument("--extra-serve-args", default="", help="appended to every server's command line")
     p.add_argument("--plot", metavar="FILE.png", help="draw per-prompt speedups and tok/s per run")
+    p.add_argument("--traces", metavar="DIR", help="save each server's step traces (/v1/traces) as DIR/RUN.jsonl, "
+                   "to read with `metrale replay`")
     return p
 
 
@@ -149,7 +152,18 @@ def measure(model_dir, runs: list[tuple[str, list[str]]], sets: dict[str, list[s
                   for name in clients}
         for name, (url, _) in summaries.items():
             print(f"{name}: {controller_summary(url)}", flush=True)
+            if args.traces:
+                save_traces(url, Path(args.traces) / f"{name.replace(':', '-').replace('=', '')}.jsonl")
         return result
+
+
+def save_traces(url: str, path: Path) -> None:
+    """The server's step traces (its decision ring) as JSONL."""
+    import urllib.request
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(url + "/v1/traces", timeout=60) as r:
+        path.write_bytes(r.read())
 
 
 def controller_summary(url: str) -> str:

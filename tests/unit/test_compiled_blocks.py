@@ -102,3 +102,16 @@ def test_a_compiled_mtp_head_block_gives_the_stock_outputs(seed, steps, gated):
     assert type(mine.layers[0]) is compiled_blocks.CompiledMTPBlock and type(stock.layers[0]) is MTPBlock
     assert (mine.layers[0]._compiled is None) == gated  # a gated attention always runs stock
 
+
+
+def test_traces_count_a_new_shapes_first_step_only():
+    """The owner's replies carry this count, and the controller takes a step that moved it as a
+    shape's one-time cost (runtime/controller.py)."""
+    _, mine = twins(3)
+    cache = make_prompt_cache(mine)
+    mine(mx.array([[5, 6, 7]]), cache=cache)  # a 3-row step: 2 graphs per layer traced
+    start = compiled_blocks.traces
+    mx.eval(mine(mx.array([[8]]), cache=cache))  # one row: a new shape
+    first = compiled_blocks.traces
+    mx.eval(mine(mx.array([[9]]), cache=cache), mine(mx.array([[10, 11, 12]]), cache=cache))  # both seen
+    assert first - start == 2 * len(mine.model.layers) and compiled_blocks.traces == first

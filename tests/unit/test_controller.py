@@ -236,3 +236,23 @@ def test_exploration_tries_the_shallowest_depth_the_upper_bounds_pay_at():
     assert plan.exploring and plan.depths == (2,)
     # Nothing pays at the bounds: no exploration.
     assert not _explore_one((80, 200, 300, 400), upper=(0.5, 0.5, 0.5)).speculates
+
+
+def test_a_step_that_traced_a_compiled_graph_teaches_no_cell_and_costs_exploration_nothing():
+    ctl = controller(by_depth=(0.2, 0.1, 0.05))
+    s = seq()
+    for _ in range(400):
+        ctl.record_plain(1, 80.0, 1.6)
+    plan = ctl.plan([s], [True])
+    assert plan.exploring
+    observed, allowance = ctl.costs.observations, ctl.budget.allowance_ms
+    ctl.record_spec(plan, [s], verify_depth=max(plan.depths), verify_ms=400.0, verify_j=8.0, draft_width=1,
+                    draft_ms=3.0, draft_j=0.06, tokens=1, traced=True)
+    ctl.step_starting(0.5)
+    ctl.record_plain(1, 300.0, 6.0, traced=True)
+    ctl.step_starting(0.5)
+    assert ctl.costs.observations == observed and ctl.budget.allowance_ms >= allowance
+    assert ctl.snapshot()["cost_model"]["steps_tracing"] == 2
+    ctl.record_plain(1, 80.0, 1.6)  # an untraced step is learned again
+    ctl.step_starting(0.5)
+    assert ctl.costs.observations == observed + 1
