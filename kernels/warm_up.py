@@ -2,14 +2,17 @@
 
 The decoder layers run as compiled graphs traced once per input shape (kernels/compiled_blocks.py),
 so a shape's first step pays its trace: on a 2-core Xeon the first verify of 1, 2 and 3 drafts took
-74, 83 and 84 ms against 48, 56 and 61 ms after. That first speculative step is the one a fresh
-server's online controller learns from first: its cost model took it as the cell's first reading and
-its exploration budget as a 30 ms loss, and a fresh server decoded its first requests plainly.
+74, 83 and 84 ms against 48, 56 and 61 ms after. The online controller learns nothing from such a
+step (the owner's replies carry the trace count), but it still delays a request and drops what a
+fresh server could have measured there: before either, a fresh server's controller took the first
+exploring step as its cell's first reading and a 30 ms loss, and decoded its first requests plainly.
 Warming here runs the same engine calls a serial request does (prefill, plain step, drafts, verify,
 roll back), so every later step of those shapes is warm.
 """
 
 from __future__ import annotations
+
+from kernels.cell_timer import CellTimer
 
 WARM_ID = "__warm_up__"
 PROMPT_TOKENS = 16
@@ -21,9 +24,9 @@ def warm_up(engine, depths: int, vocab_size: int) -> None:
     shapes change with its width."""
     if engine.batch is not None:
         return
-    prompt = [(1000 + i) % vocab_size for i in range(PROMPT_TOKENS)]
-    token = engine.prefill(WARM_ID, prompt, 0.0, 1.0, None, False, drafts=engine.drafter is not None)
+    prompt = list(CellTimer.context_of(vocab_size)[:PROMPT_TOKENS])  # the self-calibration's context
     try:
+        engine.prefill(WARM_ID, prompt, 0.0, 1.0, None, False, drafts=engine.drafter is not None)
         token = engine.decode([WARM_ID], [False])[0]
         for k in range(1, depths + 1):
             drafts = engine.propose(WARM_ID, k)[0] if engine.drafter is not None else [token] * k

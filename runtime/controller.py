@@ -204,10 +204,10 @@ class OnlineController:
         self.unobserved = None if traced else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
                                                        max(plan.depths), draft_ms, draft_j, caught_up)
         self.traced_steps += traced
-        if plan.exploring and not traced:
-            plain = self.costs.table().step_cost(n, 0).ms
-            self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
         if plan.exploring:
+            if not traced:
+                plain = self.costs.table().step_cost(n, 0).ms
+                self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
         else:
             self.burst_left = 0

@@ -103,7 +103,6 @@ def test_a_compiled_mtp_head_block_gives_the_stock_outputs(seed, steps, gated):
     assert (mine.layers[0]._compiled is None) == gated  # a gated attention always runs stock
 
 
-
 def test_traces_count_a_new_shapes_first_step_only():
     """The owner's replies carry this count, and the controller takes a step that moved it as a
     shape's one-time cost (runtime/controller.py)."""
