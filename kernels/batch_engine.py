@@ -25,7 +25,7 @@ from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import blocks_lookahead, commit, note, processed
-from kernels.sampling import probs_from_logits, sample
+from kernels.sampling import greedy_ids, probs_from_logits, sample
 
 
 class Ahead(NamedTuple):
@@ -144,7 +144,7 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     inputs = [_row_tokens(state, by_id[s][0], width) for s, state in zip(batch.ids, states)]
     final, hidden = _body(engine, mx.stack(inputs), batch.cache)
     logits = output_head(engine.model)(final)
-    greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+    greedy = greedy_ids(logits)
     mx.eval(greedy)
     greedy_rows = greedy.tolist()
     results = {}
@@ -209,7 +209,7 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
     inputs = mx.stack([state.last.astype(mx.uint32).reshape(-1) for state in states])
     final, hidden = _body(engine, inputs, batch.cache)
     logits = output_head(engine.model)(final)[:, -1]
-    greedy = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+    greedy = greedy_ids(logits)
     fed = _fed_rows(engine, states, inputs, hidden)
     tokens = []
     for b, state in enumerate(states):
@@ -217,7 +217,7 @@ def _plain_forward(engine, seq_ids: list[str]) -> mx.array:
         state.step_logits = row if state.proc is not None else None
         if state.temperature == 0:
             token = greedy[b:b + 1] if state.proc is None else \
-                mx.argmax(row - mx.logsumexp(row, axis=-1, keepdims=True), axis=-1)
+                greedy_ids(row)
         else:
             token = sample(probs_from_logits(row[0], state.temperature, state.top_p), state.next_key()).reshape(1)
         state.last = token.astype(mx.uint32)
@@ -251,13 +251,13 @@ def _row_tokens(state, drafts: list[int], width: int) -> mx.array:
     return mx.concatenate([last, mx.array(drafts + [0] * pad, dtype=mx.uint32)]) if width > 1 else last
 
 
-def _accept(state, logits: mx.array, greedy_ids: list[int], drafts: list[int], use_q: bool):
+def _accept(state, logits: mx.array, greedy_row: list[int], drafts: list[int], use_q: bool):
     if state.proc is not None:  # the penalised target: each row with the counts as of its position
         logits = processed(state, logits, drafts)
         if state.temperature == 0:
-            greedy_ids = mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1).tolist()
+            greedy_row = greedy_ids(logits).tolist()
     if state.temperature == 0:
-        accepted, emitted = accept_greedy(greedy_ids, drafts)
+        accepted, emitted = accept_greedy(greedy_row, drafts)
     elif drafts:
         p = probs_from_logits(logits, state.temperature, state.top_p)
         q = state.draft_probs[:len(drafts)] if use_q else None  # the planner may verify fewer

@@ -18,7 +18,7 @@ from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import commit, note, processed
 from kernels.prompt_store import copy_layers, restored_cache
-from kernels.sampling import probs_from_logits, sample
+from kernels.sampling import greedy_ids, probs_from_logits, sample
 
 
 class PrefillGroup:
@@ -119,5 +119,5 @@ def _forward(engine, group: PrefillGroup, n: int) -> mx.array:
 
 def _first_token(state, logits: mx.array) -> mx.array:
     if state.temperature == 0:
-        return mx.argmax(logits - mx.logsumexp(logits, keepdims=True), axis=-1)
+        return greedy_ids(logits)
     return sample(probs_from_logits(logits, state.temperature, state.top_p), state.next_key())

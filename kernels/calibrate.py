@@ -24,6 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from kernels.features import body
 from kernels.loader import output_head
 from kernels.ngram import propose_ngram
+from kernels.sampling import greedy_ids
 
 Probe = Callable[[], object]  # one timed unit of work
 Tick = Callable[[], None]  # progress: called once per timed call
@@ -50,8 +51,7 @@ class VerifyProbe:
 
     def __call__(self, k: int) -> None:
         logits = self.model(self.drafts[:, : k + 1], cache=self.cache)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as Engine.verify
-        mx.argmax(logprobs, axis=-1).tolist()
+        greedy_ids(logits).tolist()  # as Engine.verify
         for c in self.cache:
             c.trim(k + 1)
 

@@ -18,7 +18,7 @@ from kernels.acceptance import accept_drafts, accept_greedy
 from kernels.features import body
 from kernels.loader import output_head
 from kernels.processing import Processor, ProcessSpec, blocks_lookahead, commit, make_processor, note, processed
-from kernels.sampling import probs_from_logits, sample
+from kernels.sampling import greedy_ids, probs_from_logits, sample
 
 
 @dataclass
@@ -215,8 +215,7 @@ class Engine:
         logits = processed(state, self._forward(state, tokens)[-1:])
         state.step_logits = logits if state.proc is not None else None
         if state.temperature == 0:
-            logprobs = logits - mx.logsumexp(logits, keepdims=True)
-            return mx.argmax(logprobs, axis=-1)
+            return greedy_ids(logits)
         return sample(probs_from_logits(logits[0], state.temperature, state.top_p), state.next_key()).reshape(1)
 
     # --- speculative path --------------------------------------------------------------------
@@ -280,8 +279,7 @@ class Engine:
         tokens = mx.concatenate([state.last.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
         logits = processed(state, self._forward(state, tokens, verifying=True), drafts)
         if state.temperature == 0:
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            accepted, emitted = accept_greedy(mx.argmax(logprobs, axis=-1).tolist(), drafts)
+            accepted, emitted = accept_greedy(greedy_ids(logits).tolist(), drafts)
         else:
             p = probs_from_logits(logits, state.temperature, state.top_p)
             q = state.draft_probs[:len(drafts)] if use_draft_probs else None  # the planner may verify fewer

@@ -3,7 +3,7 @@ over every layer with the model's own weights and shapes (metrale bench verify -
 
 Groups: the attention projections (q, k, v, o), the MLP products (gate, up, down), the LM head,
 the attention core (scores, softmax, values over the cached context), the norms, RoPE and the
-element-wise MLP and residual maths, and the acceptance maths (log-softmax, argmax, to the host).
+element-wise MLP and residual maths, and the acceptance maths (greedy argmax, to the host).
 What the full forward costs beyond their sum is graph building, dispatch and the cache writes.
 Needs a Llama-style block (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, two RMS norms).
 """
@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 
 from kernels.calibrate import VerifyProbe
 from kernels.loader import output_head
+from kernels.sampling import greedy_ids
 
 GROUPS = ("attention projections", "mlp products", "lm head", "attention core", "norms, rope, element-wise",
           "acceptance maths")
@@ -83,8 +84,7 @@ def _elementwise(layer, hidden: mx.array, mlp_in: mx.array, q: mx.array) -> list
 
 
 def _acceptance(logits: mx.array) -> list[int]:
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as Engine.verify
-    return mx.argmax(logprobs, axis=-1).tolist()
+    return greedy_ids(logits).tolist()  # as Engine.verify
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:

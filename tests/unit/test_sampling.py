@@ -6,7 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels.sampling import greedy, probs_from_logits, sample, top1_logprob
+from hypothesis import given, settings, strategies as st
+
+from kernels.sampling import greedy, greedy_ids, probs_from_logits, sample, top1_logprob
 
 
 def _logits(rows: int = 4, vocab: int = 16, seed: int = 0) -> mx.array:
@@ -94,3 +96,33 @@ def test_greedy_and_top1_logprob():
     assert greedy(logits[0]).shape == ()
     want = np.log(_numpy_softmax(np.array(logits)).max(axis=-1))
     np.testing.assert_allclose(np.array(top1_logprob(logits)), want, rtol=1e-5)
+
+
+def _old_greedy(logits: mx.array) -> mx.array:
+    """What every greedy path took before (mlx-lm's pick): the argmax of the log-probabilities."""
+    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 5), vocab=st.sampled_from([2, 7, 500, 49152]),
+       scale=st.floats(0.01, 40.0), top=st.floats(0.0, 60.0), tie=st.booleans())
+def test_greedy_ids_is_the_log_softmax_argmax_once_the_top_logit_reaches_ln_v(seed, rows, vocab, scale, top, tie):
+    """The claim greedy_ids rests on: with the top logit >= ln V, subtracting logsumexp (exact there)
+    moves no maximum, near-ties one ulp apart included: the same token as mlx-lm's greedy pick."""
+    logits = mx.random.normal((rows, vocab), key=mx.random.key(seed)) * scale
+    logits = logits - logits.max(axis=-1, keepdims=True) + max(top, float(np.log(vocab)))
+    if tie:  # a runner-up one ulp below the top, before it in the row: where a rounding would show
+        arr = np.array(logits)
+        for row in arr:
+            best = int(row.argmax())
+            if best > 0:
+                row[best - 1] = np.nextafter(row[best], -np.inf, dtype=np.float32)
+        logits = mx.array(arr)
+    assert greedy_ids(logits).tolist() == _old_greedy(logits).tolist()
+
+
+def test_greedy_ids_of_a_verify_row_is_that_row_alone():
+    logits = _logits(rows=6, vocab=300, seed=3)
+    together = greedy_ids(logits).tolist()
+    assert together == [greedy_ids(logits[i]).item() for i in range(6)]
+    assert greedy_ids(logits).dtype == mx.uint32
