@@ -97,12 +97,14 @@ class RobustEstimate(msgspec.Struct, kw_only=True):
 
     centre: float = 0.0
     spread: float = SPREAD_START
-    count: int = 0
+    count: int = 0  # weight of its evidence (a speculative level's halves as it ages)
     seen: int = 0  # the plain-step clock at its latest observation (a speculative level's evidence ages)
+    measured: int = 0  # observations ever: what caution reads (ageing asks for a new look, not for doubt)
 
     def update(self, x: float) -> None:
         if self.count == 0:
             self.centre, self.count = x, 1
+            self.measured += 1
             return
         bound = CLIP * max(self.spread, SPREAD_FLOOR)
         residual = min(bound, max(-bound, x - self.centre))
@@ -110,6 +112,7 @@ class RobustEstimate(msgspec.Struct, kw_only=True):
         self.centre += weight * residual
         self.spread += weight * (abs(residual) - self.spread)
         self.count += 1
+        self.measured += 1
 
 
 def shrunk(own: RobustEstimate | None, parent: float) -> float:
@@ -269,11 +272,16 @@ class OnlineCostModel:
         return msgspec.structs.replace(table, verify=grid["verify"], draft=grid["draft"])
 
     def _bound(self, kind: Kind, n: int, k: int, cost: Cost, z: float) -> Cost:
+        """Exploration (z < 0) reads the cell's aged count, so evidence gone stale is looked at again;
+        caution (z > 0) its observations ever: with the aged count, a cell measured hundreds of times
+        was read 3.5% dearer than its estimate after a long plain run (25% step noise), which only
+        kept it from being used again."""
         if k == 0:
             return cost
         own = self._levels.get((kind, "ms", n, k))
         own = self._aged(own) if own else None
-        count, spread = (own.count, max(own.spread, SPREAD_FLOOR)) if own else (0, SPREAD_START)
+        count = (own.count if z < 0 else own.measured) if own else 0
+        spread = max(own.spread, SPREAD_FLOOR) if own else SPREAD_START
         factor = math.exp(z * spread / math.sqrt(count + 1))
         return Cost(ms=cost.ms * factor, joules=cost.joules * factor)
 
