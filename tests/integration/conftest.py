@@ -72,6 +72,8 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.terminate()
+        else:  # it died under a test: its last words, to the failing test's report (pytest rotates tmp away)
+            print(f"server exited {self.proc.returncode} before stop; log tail:\n{self.log()[-4000:]}", file=sys.stderr)
         return self.proc.wait(timeout)
 
 
