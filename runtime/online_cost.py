@@ -34,8 +34,12 @@ speed during a spell is known only from the plain steps on both sides of it. Lea
 before it, a slow spell of the VM inside a speculative spell went whole into its cell: on a 2-core
 AMD EPYC steps of one spell went from 33 to 48 ms, the depth-1 cell read 1.35x plain decode where
 such steps cost 1.18x, and chat, which pays at 1.35x only from a first-draft acceptance of 0.35,
-decoded plainly from then on, so the cell was never measured again. Past HOLD_MAX held steps (a
-long spell) the oldest is learned at its own step's tempo, as before.
+decoded plainly from then on, so the cell was never measured again. A long spell (past HOLD_MAX
+steps) teaches its cell at its two ends only: its first SPELL_HEAD steps at the tempo before it,
+its last HOLD_MAX at the flush; the steps between are dropped, since nothing tells the machine's
+speed there from the cell's. Learned at the tempo before the spell, a slow spell of a 2-core Xeon VM
+inside a 100-step speculative spell moved the depth-1 cell from 1.13x to 1.29x plain decode, and
+chat decoded plainly for ~1,600 steps until ageing and exploration measured it again.
 
 The planner reads `table()`: the estimates, except that where the prior came from elsewhere (shipped
 or foreign) a speculative cell is read at an upper bound of its cost until this server has measured
@@ -83,7 +87,8 @@ TEMPO_MEMORY = 4
 TEMPO_CLIP = 0.25  # log units: a stall moves every cell alike by at most 6%, for a step or two
 PLAIN_FIRST = 4  # plain steps measured before any speculative one: the reference they are learned against
 HOLD_PLAIN = TEMPO_MEMORY  # plain steps after a spell before its steps are learned: the tempo has followed them
-HOLD_MAX = 32  # speculative steps held at most; past them the oldest is learned at its own step's tempo
+HOLD_MAX = 32  # speculative steps held at most: a longer spell's tail, learned at the flush
+SPELL_HEAD = 16  # a long spell's first steps, learned at the tempo before it; the rest up to its tail are dropped
 # A speculative level's evidence ages: each AGE_STEPS plain steps with none of its own halve its count
 # (to AGED_FLOOR), so its lower bound widens, exploration measures it again, and those steps weigh
 # as a fresh cell's do. Without it a cell measured high in a spell stayed so: the planner then chose
@@ -139,6 +144,7 @@ class OnlineCostModel:
         self._held: deque[_Held] = deque()  # speculative steps waiting for the plain steps after them
         self._after = _no_residuals()  # plain residuals since the latest held step, per unit
         self._clock = 0  # plain steps observed, all told: speculative evidence ages by it
+        self._run = 0  # speculative steps since the latest plain step: the place of the next in its spell
 
     def observe(self, kind: Kind, width: int, depth: int, ms: float, joules: float) -> None:
         """One served step's cost (a plain step is verify at depth 0)."""
@@ -149,12 +155,15 @@ class OnlineCostModel:
                 if value > 0 and base > 0 and math.isfinite(value)}
         self.observations += 1
         if not _plain(kind, depth):  # learned relative to plain decode at its time, once the steps after it show it
-            self._held.append(_Held(kind, width, depth, logs, dict(self.tempo)))
+            self._held.append(_Held(kind, width, depth, logs, dict(self.tempo), self._run))
+            self._run += 1
             self._after = _no_residuals()
             if len(self._held) > HOLD_MAX:
                 held = self._held.popleft()
-                self._learn(held, held.tempo)
+                if held.place < SPELL_HEAD:
+                    self._learn(held, held.tempo)
             return
+        self._run = 0
         for unit, x in logs.items():  # the reference: it sets the tempo, and its cells learn what remains
             residual = x - self._plain_shape(unit, width)
             self._follow_tempo(unit, residual)
@@ -169,14 +178,18 @@ class OnlineCostModel:
 
     def flush(self) -> None:
         """Learn every held speculative step, each at a tempo between its own step's and the machine's
-        speed after them (the mean of the plain steps since; the tempo now where there are none), by
-        its place among them: the change, if any, came somewhere inside the spell."""
-        n = len(self._held)
+        speed after its spell (the next spell's tempo; after the last, the mean of the plain steps
+        since, or the tempo now where there are none), by its place in the spell: the change, if any,
+        came somewhere inside it."""
         after = {unit: statistics.fmean(r) if r else self.tempo[unit] for unit, r in self._after.items()}
-        for i in range(n):
-            held = self._held.popleft()
-            w = (i + 1) / (n + 1)
-            self._learn(held, {unit: t + w * (after[unit] - t) for unit, t in held.tempo.items()})
+        spells = _spells(list(self._held))
+        self._held.clear()
+        for i, spell in enumerate(spells):
+            bracket = spells[i + 1][0].tempo if i + 1 < len(spells) else after
+            length = spell[-1].place + 1
+            for held in spell:
+                w = (held.place + 1) / (length + 1)
+                self._learn(held, {unit: t + w * (bracket[unit] - t) for unit, t in held.tempo.items()})
         self._after = _no_residuals()
 
     def _learn(self, held: "_Held", tempo: dict) -> None:
@@ -330,6 +343,17 @@ class _Held(NamedTuple):
     depth: int
     logs: dict
     tempo: dict
+    place: int  # its index in its spell
+
+
+def _spells(held: list[_Held]) -> list[list[_Held]]:
+    """Held steps split into spells (each starts at place 0, or is what remains of one)."""
+    spells: list[list[_Held]] = []
+    for step in held:
+        if step.place == 0 or not spells:
+            spells.append([])
+        spells[-1].append(step)
+    return spells
 
 
 def _no_residuals() -> dict[str, list[float]]:
