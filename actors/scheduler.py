@@ -55,7 +55,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.prefill_seconds = 0.0  # its chunks so far
         self.budget = budget or PrefillBudget()
         self.meter = open_meter(watts_per_core)  # each step's joules, for the online cost model
-        self.learning = learning  # saving the learned table, and the self-calibration while none exists
+        self.learning = learning  # saving the learned table, and the self-calibration (or its check of a prior)
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
         self.ahead = False  # a lookahead plain step is in flight

@@ -27,7 +27,8 @@ class ControllerUpkeep:
         self.interleaved = False
 
     async def calibrate_one(self) -> None:
-        """One call of the self-calibration; the last one starts the online controller."""
+        """One call of the self-calibration: a measurement for the controller where it checks a prior
+        measured elsewhere; else the last one starts the online controller."""
         cal = self.calibration
         kind, width, depth = cell = cal.next_cell()
         try:
@@ -37,6 +38,14 @@ class ControllerUpkeep:
             self.log.warning("self_calibration_failed", error=str(e))
             return
         cal.record(cell, timed.ms, timed.joules)
+        if cal.checks:
+            if cal.measures(cell) and (controller := self.policy.controller) is not None:
+                controller.costs.observe(kind, width, depth, timed.ms, timed.joules)
+            if cal.done:
+                self.calibration = None
+                self.log.info("cost_prior_checked", calls=cal.total)
+                self.persist()
+            return
         if cal.done:
             self.calibration = None
             self.policy.use_controller(self.learning.make_controller(cal.table(), SELF_CALIBRATED))

@@ -1,10 +1,19 @@
-"""A short self-calibration for a server that finds no cost table: the prior of its online cost model.
+"""A short self-calibration for a server that finds no cost table of this machine's.
 
 The cells of a small table (widths 1, 2, 4; depths 0..K) are timed a few times each, one call at a
 time, only while the server is idle, so a request arriving waits for one call (~0.1-0.3 s) at
-most. Calls go round-robin over the cells, so a slow spell hits every cell alike. When every cell
-has its repeats, the medians make a table (acceptance from the drafter-agnostic default prior,
-corrected online per phase) and the online controller starts from it.
+most. Calls go round-robin over the cells, so a slow spell hits every cell alike. With no table at
+all, when every cell has its repeats, the medians make a table (acceptance from the drafter-agnostic
+default prior, corrected online per phase) and the online controller starts from it.
+
+With a table measured elsewhere (shipped, or another machine's), the controller starts from that at
+once and the same calls check it (`checks`): each, after a shape's first (which traces its compiled
+graphs), is a measurement of its cell fed to the online cost model, every speculative cell timed
+between plain steps of its width. Served steps alone measured only the cells the planner chose: on
+a 2-core AMD EPYC a fresh server read the shipped Xeon table's depth-1 step at 1.34x plain decode
+(its shape and the caution about a cell measured elsewhere) where it cost 1.14x, and decoded the
+first third of the chat prompts plainly; depths 2 and 3, never chosen, stayed read at 1.6x and 2.1x
+where they cost 1.36x and 1.45x, and code stayed at depth 1 where depth 3 paid 1.40x against 1.33x.
 
 Pure: the scheduler runs the calls on the model owner and hands each result in.
 """
@@ -19,17 +28,34 @@ from runtime.cost_table import AcceptanceCalibration, Cost, CostTable, TableMeta
 
 WIDTHS = (1, 2, 4)
 REPEATS = 3
+CHECK_REPEATS = 6  # the first call of each shape traces: five measurements of each cell are fed
 SELF_CALIBRATED = "self-calibration"
 
 
 class SelfCalibration:
-    def __init__(self, meta: TableMeta, max_k: int, widths=WIDTHS, repeats: int = REPEATS):
-        self.meta, self.widths, self.depths = meta, tuple(widths), tuple(range(max_k + 1))
+    def __init__(self, meta: TableMeta, max_k: int, widths=WIDTHS, repeats: int | None = None, checks: bool = False):
+        self.meta, self.widths, self.depths, self.checks = meta, tuple(widths), tuple(range(max_k + 1)), checks
         cells = [("verify", n, k) for n in self.widths for k in self.depths]
         cells += [("draft", n, k) for n in self.widths for k in self.depths if k]
-        self.queue = cells * repeats  # round-robin: every cell once before any cell twice
+        rounds = repeats or (CHECK_REPEATS if checks else REPEATS)
+        self.queue = (self._check_round() if checks else cells) * rounds  # every cell once before any twice
         self.total = len(self.queue)
         self.samples: dict[tuple, list[tuple[float, float]]] = {cell: [] for cell in cells}
+
+    def _check_round(self) -> list[tuple[str, int, int]]:
+        """Each speculative cell (verify and draft at one depth) between plain steps of its width: what
+        the online cost model learns its ratio to plain decode against."""
+        cells = []
+        for n in self.widths:
+            for k in self.depths[1:]:
+                cells += [("verify", n, 0), ("verify", n, k), ("draft", n, k)]
+            cells.append(("verify", n, 0))
+        return cells
+
+    def measures(self, cell: tuple[str, int, int]) -> bool:
+        """Whether the latest recorded call of this cell is a measurement to feed a checked prior (a
+        shape's first call traces compiled graphs: not its cost)."""
+        return self.checks and len(self.samples[cell]) > 1
 
     @property
     def done(self) -> bool:
@@ -61,7 +87,8 @@ class SelfCalibration:
                           draft=cell("draft"), calibration=AcceptanceCalibration(by_depth=DEFAULT_PRIOR))
 
     def snapshot(self) -> dict:
-        return {"running": not self.done, "cells_left": len(self.queue), "cells": self.total}
+        return {"running": not self.done, "cells_left": len(self.queue), "cells": self.total,
+                "role": "checks the prior" if self.checks else "makes the prior"}
 
 
 def _fields(meta: TableMeta) -> dict:

@@ -111,13 +111,14 @@ class System:
     def _controller(self):
         """The online controller from the best cost prior at hand, and what keeps it learning; without
         a prior, a self-calibration runs while the server is idle and starts it (the gate decides
-        until then)."""
+        until then); a prior measured elsewhere is checked the same way while the controller runs."""
         spec = self.config.spec
         if spec.cost_model == "off" or self.info.drafter == "none":
             return None, None
         from runtime.calibrate import model_id, table_path
         from runtime.cost_prior import load_prior, save_learned
         from runtime.cost_table import machine_id
+        from runtime.online_cost import OWN_PRIORS
 
         model, machine = model_id(self.model_dir), spec.machine_id or machine_id()
         learned = table_path(model, self.info.drafter, self.config.model.cache_dir)
@@ -132,9 +133,13 @@ class System:
                             make_controller=self._make_controller)
         found = load_prior(model, self.info.drafter, self.config.model.cache_dir, machine, self.log,
                            blas=self.info.compute, first=own)
+        calibrates = self.info.drafter in ("mtp", "ngram")
         if found is not None:
+            if calibrates and found[1] not in OWN_PRIORS:  # measured elsewhere: checked here while idle
+                learning.calibration = self._self_calibration(model, machine, energy_source, checks=True)
+                self.log.info("cost_prior_check_started", source=found[1], calls=learning.calibration.total)
             return self._make_controller(*found), learning
-        if self.info.drafter in ("mtp", "ngram"):
+        if calibrates:
             learning.calibration = self._self_calibration(model, machine, energy_source)
             self.log.info("self_calibration_started", cells=learning.calibration.total)
         else:
@@ -153,14 +158,14 @@ class System:
                                 mtp_max_seqs=self.config.scheduler.mtp_max_seqs,
                                 budget=ExplorationBudget(share=spec.exploration_share))
 
-    def _self_calibration(self, model: str, machine: str, energy_source: str):
+    def _self_calibration(self, model: str, machine: str, energy_source: str, checks: bool = False):
         from runtime.cost_table import TableMeta
         from runtime.self_calibration import SelfCalibration
 
         meta = TableMeta(model_id=model, drafter=self.info.drafter, machine=machine, dtype=self.info.dtype,
                          blas=self.info.compute, energy_source=energy_source,
                          watts_per_core=self.config.spec.watts_per_core, date="")
-        return SelfCalibration(meta, self.config.spec.num_draft_tokens)
+        return SelfCalibration(meta, self.config.spec.num_draft_tokens, checks=checks)
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:

@@ -1,10 +1,11 @@
-"""A server with no cost table calibrates itself while idle, then the online controller decides."""
+"""A server with no cost table calibrates itself while idle, then the online controller decides; one
+whose table was measured elsewhere starts the controller from it at once and checks it while idle."""
 
 import asyncio
 
 from actors.scheduler import Scheduler
 from runtime.controller import Learning, OnlineController
-from runtime.cost_table import TableMeta
+from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
 from runtime.messages import Admitted, Finished, SamplingParams
 from runtime.owner_messages import CellTimed, TimeCell
 from runtime.modes import SerialMode
@@ -63,3 +64,57 @@ async def test_the_calibration_runs_when_idle_and_starts_the_controller():
 
 def scheduler_cells(max_k: int) -> int:
     return SelfCalibration(META, max_k).total
+
+
+async def test_a_prior_measured_elsewhere_is_checked_while_idle_and_corrected_by_it():
+    """The controller decides from the foreign table at once; the check's calls, served requests
+    between them, feed its cells: depths 1 and 2, priced at 1.45x and 1.9x plain decode by the
+    foreign table, are read near what they cost here (1.2x, 1.4x) once the check is done."""
+    owner, streamer, telemetry = TimingOwner(), Collector(), Sink()
+    policy = SpeculationPolicy("ngram", 2, "auto")
+    foreign = make_table(meta=META, widths=(1, 2, 4), depths=(0, 1, 2),
+                         verify=lambda n, k: Cost(ms=(50.0 + 20 * k + 2.5 * k * k) * n ** 0.5, joules=1.0),
+                         draft=lambda n, k: Cost(ms=2.0 * k, joules=0.04 * k),
+                         calibration=AcceptanceCalibration(by_depth=(0.3, 0.2)))
+    costs = OnlineCostModel(foreign, "foreign-shipped")
+    policy.use_controller(OnlineController(costs, max_k=2, slack=0.1, mtp_max_seqs=32))
+    check = SelfCalibration(META, max_k=2, checks=True)
+    saved = []
+    learning = Learning(save=saved.append, calibration=check, make_controller=None)
+    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, learning=learning)
+    actors = [owner, streamer, telemetry, scheduler]
+    for actor in actors:
+        actor.start()
+    await asyncio.sleep(0.005)
+    await scheduler.tell(Admitted(request_id="r", prompt_ids=(1, 2), params=SamplingParams(max_tokens=3,
+                                                                                           disable_mtp=True),
+                                  submitted_at=0.0))
+    async with asyncio.timeout(10):
+        await streamer.terminal.wait()
+        while scheduler.calibration is not None:
+            await asyncio.sleep(0.01)
+    assert isinstance(streamer.terminals()[0], Finished)
+    assert "TimeCell" in owner.commands[owner.commands.index("Prefill"):]  # the check went on after it
+    assert policy.controller.costs is costs and costs.source == "foreign-shipped"
+    assert owner.commands.count("TimeCell") == check.total
+    costs.flush()
+    # Five measurements a cell: each still leans on its width's level (SHRINK), so depth 2, 36% off
+    # in the prior, reads ~9% off (1.52x); served steps at that depth take it the rest of the way.
+    for depth, cost_here, within in ((1, 1.2, 0.03), (2, 1.4, 0.10)):
+        read = costs.cost("verify", 1, depth).ms / costs.cost("verify", 1, 0).ms
+        assert abs(read / cost_here - 1) < within
+    assert saved and saved[-1] is costs  # what the check taught is saved at once
+    for actor in reversed(actors):
+        await actor.close()
+
+
+def test_the_check_times_each_speculative_cell_between_plain_steps_of_its_width():
+    check = SelfCalibration(META, max_k=3, checks=True)
+    queue = check.queue
+    for i, (kind, width, depth) in enumerate(queue):
+        if kind == "verify" and depth == 0:
+            continue
+        before = next(c for c in reversed(queue[:i]) if c[0] == "verify" and c[2] == 0)
+        after = next(c for c in queue[i:] if c[0] == "verify" and c[2] == 0)
+        assert before[1] == after[1] == width
+    assert {c for c in queue} == set(check.samples)  # every cell of the table is timed
