@@ -86,6 +86,7 @@ class OnlineController:
         self.cold_next = False  # the next plain step follows a speculative one with no lookahead in flight
         self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
+        self.planned = Plan(())  # the latest plan: what an exploring step is charged against
         self.catch_ups = 0  # drafts not counted as the draft cell's cost: they caught up first
         self.traced_steps = 0  # steps not counted as their cells' cost: they traced a compiled graph
         self.viewed: tuple[tuple[str, ...], list[SeqView | None]] = ((), [])  # the latest plan's batch and views
@@ -128,6 +129,7 @@ class OnlineController:
         plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
                          explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None,
                          continuing=self.burst_left > 0, optimistic=self.costs.optimistic_table())
+        self.planned = plan
         for seq, depth in zip(batch, plan.depths):
             self.control(seq).depth = depth
         self._note_phase_decisions(batch, eligible, n, table)
@@ -171,7 +173,7 @@ class OnlineController:
         else:
             self.unobserved = StepCost(width, 0, ms, joules)
         if chosen:
-            self.budget.note_plain(ms)
+            self.budget.note_chosen(ms)
 
     def step_starting(self, gap_ms: float | None, gap_j: float = 0.0) -> None:
         """The next step starts: the latest step's cost is observed with the scheduler's time after it
@@ -206,11 +208,13 @@ class OnlineController:
         self.traced_steps += traced
         if plan.exploring:
             if not traced:
-                plain = self.costs.table().step_cost(n, 0).ms
-                self.budget.note_explored(verify_ms + draft_ms, plain, tokens / n)
+                baseline = self.planned.baseline_ms_per_token if self.planned.exploring else None
+                self.budget.note_explored(verify_ms + draft_ms, baseline or self.costs.table().step_cost(n, 0).ms,
+                                          tokens / n)
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
         else:
             self.burst_left = 0
+            self.budget.note_chosen(verify_ms + draft_ms)  # a step the planner chose earns, as a plain one does
         self.cold_next, self.explored_last = True, plan.exploring
 
     def record_outcome(self, seq, drafted: int, accepted: int) -> None:

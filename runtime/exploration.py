@@ -6,12 +6,15 @@ decode: its wall time less the plain cost of the tokens it emitted, and the exce
 step after it, which starts with no lookahead in flight. A step that paid (drafts accepted) gives
 its gain back to the allowance: exploration pays for itself where drafting pays, so a burst that
 finds a paying cell goes on measuring it instead of waiting ~70 plain steps for the next (a fresh
-server on code prompts decoded its first three requests plainly that way). Every plain step adds
-`share` of its wall time to the allowance, so over any run exploration's net cost is at most
-`share` of the time spent decoding plainly (1% by default) plus one step; the allowance is capped,
-so a long plain spell cannot buy a burst of losses later. Each burst of explorations that all lost
-halves what plain steps earn (down to 1/64), and one that paid restores it: where drafting never
-pays, exploration fades to a fraction of the share, and is still tried now and then.
+server on code prompts decoded its first three requests plainly that way). Every step the planner
+chose (plain, or speculative at the depth it expects to pay best) adds `share` of its wall time to
+the allowance, so over any run exploration's net cost is at most `share` of the time spent decoding
+as chosen (1% by default) plus one step; the allowance is capped, so a long plain spell cannot buy a
+burst of losses later. Where speculation already pays, an exploration one depth deeper is charged
+against what the chosen depth was expected to cost per token, not against plain decode
+(runtime/step_plan.py). Each burst of explorations that all lost halves what chosen steps earn
+(down to 1/64), and one that paid restores it: where drafting never pays, exploration fades to a
+fraction of the share, and is still tried now and then.
 
 Pure: the scheduler passes wall times in.
 """
@@ -43,15 +46,15 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
     def can_explore(self, expected_loss_ms: float) -> bool:
         return self.share > 0 and self.allowance_ms >= max(expected_loss_ms, 0.0)
 
-    def note_plain(self, wall_ms: float) -> None:
+    def note_chosen(self, wall_ms: float) -> None:
         earned = self.rate * max(wall_ms, 0.0)
         self.earned_ms += earned
         self.allowance_ms = min(self.cap_ms, self.allowance_ms + earned)
 
-    def note_explored(self, wall_ms: float, plain_ms_per_token: float, tokens_per_seq: float) -> float:
-        """Charge one exploring step; returns what it lost against plain decode (below zero: it paid,
-        and the gain goes back to the allowance)."""
-        loss = wall_ms - plain_ms_per_token * tokens_per_seq
+    def note_explored(self, wall_ms: float, baseline_ms_per_token: float, tokens_per_seq: float) -> float:
+        """Charge one exploring step; returns what it lost against its baseline (plain decode's ms per
+        token, or the chosen depth's; below zero: it paid, and the gain goes back to the allowance)."""
+        loss = wall_ms - baseline_ms_per_token * tokens_per_seq
         self.allowance_ms = min(self.cap_ms, self.allowance_ms - loss)
         self.spent_ms += loss
         self.steps += 1

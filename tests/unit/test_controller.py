@@ -6,6 +6,8 @@ import itertools
 from types import SimpleNamespace
 
 import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.content_phase import Phase
 from runtime.controller import CATCH_UP_FREE, EXPLORE_BURST, OnlineController
@@ -236,6 +238,67 @@ def test_exploration_tries_the_shallowest_depth_the_upper_bounds_pay_at():
     assert plan.exploring and plan.depths == (2,)
     # Nothing pays at the bounds: no exploration.
     assert not _explore_one((80, 200, 300, 400), upper=(0.5, 0.5, 0.5)).speculates
+
+
+rates3 = st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3).map(tuple)
+
+
+def _plan_one(verify_ms, mean, upper, allowance_ms=1e6, optimistic_ms=None):
+    table, optimistic = (make_table(meta=META, widths=(1,), depths=(0, 1, 2, 3),
+                                    verify=lambda n, k, ms=ms: Cost(ms=ms[k], joules=ms[k] / 50),
+                                    draft=lambda n, k: Cost(ms=0.0, joules=0.0),
+                                    calibration=AcceptanceCalibration(by_depth=(0.3, 0.2, 0.1)))
+                         for ms in (verify_ms, optimistic_ms or verify_ms))
+    return plan_step([SeqView("balanced", mean, upper)], table, max_k=3, slack=0.1, mtp_max_seqs=32,
+                     explore=True, allowance_ms=allowance_ms, optimistic=optimistic)
+
+
+@settings(max_examples=300, deadline=None)
+@given(verify=st.lists(st.floats(20.0, 200.0), min_size=4, max_size=4), mean=rates3, lift=rates3,
+       cheaper=st.floats(0.5, 1.0), allowance=st.floats(0.0, 1e4))
+def test_where_the_mean_plan_drafts_exploration_goes_one_deeper_on_its_allowance(verify, mean, lift, cheaper,
+                                                                                  allowance):
+    """Where the mean plan drafts (depth d), an exploring step drafts d + 1, only where the bounds'
+    plan drafts deeper than d and the allowance covers a burst's expected loss against the mean
+    plan's own cost per token; with no uncertainty (bounds = means) it never explores."""
+    upper = tuple(min(1.0, m + u) for m, u in zip(mean, lift))
+    optimistic = [verify[0]] + [v * cheaper for v in verify[1:]]
+    plan = _plan_one(verify, mean, upper, allowance, optimistic)
+    mean_plan = plan_step([SeqView("balanced", mean, upper)], _table(verify), max_k=3, slack=0.1, mtp_max_seqs=32,
+                          explore=False, allowance_ms=None)
+    if not mean_plan.speculates or not plan.exploring:
+        return
+    assert plan.depths[0] == mean_plan.depths[0] + 1
+    assert plan.baseline_ms_per_token is not None
+    assert allowance >= EXPLORE_BURST * expected_loss(_table(verify), [SeqView("balanced", mean, upper)],
+                                                      plan.depths, plan.baseline_ms_per_token)
+    assert not _plan_one(verify, mean, mean, allowance).exploring
+
+
+def _table(verify_ms):
+    return make_table(meta=META, widths=(1,), depths=(0, 1, 2, 3),
+                      verify=lambda n, k: Cost(ms=verify_ms[k], joules=verify_ms[k] / 50),
+                      draft=lambda n, k: Cost(ms=0.0, joules=0.0),
+                      calibration=AcceptanceCalibration(by_depth=(0.3, 0.2, 0.1)))
+
+
+def test_code_at_depth_one_tries_depth_two_where_its_bound_may_pay_and_is_charged_against_depth_one():
+    """The served case: depth 1 pays on the mean; depth 2, priced dear by a prior from elsewhere, may
+    pay at its lower bound of cost: one exploring step at depth 2, its loss counted against depth
+    1's expected cost per token. Once measured (bounds = estimates) and dearer, it is left alone."""
+    mean, upper = (0.6, 0.4, 0.25), (0.65, 0.45, 0.3)
+    plan = _plan_one((35.0, 40.0, 50.0, 60.0), mean, upper, optimistic_ms=(35.0, 40.0, 41.0, 44.0))
+    assert plan.exploring and plan.depths == (2,)
+    assert plan.baseline_ms_per_token == 40.0 / 1.6
+    assert _plan_one((35.0, 40.0, 50.0, 60.0), mean, mean).depths == (1,)
+    assert not _plan_one((35.0, 40.0, 50.0, 60.0), mean, upper, allowance_ms=0.0,
+                         optimistic_ms=(35.0, 40.0, 41.0, 44.0)).exploring  # a loss the allowance cannot cover
+    ctl = controller(by_depth=(0.6, 0.4, 0.25))
+    ctl.planned = plan
+    before = ctl.budget.allowance_ms
+    ctl.record_spec(plan, [seq()], verify_depth=2, verify_ms=41.0, verify_j=0.8, draft_width=1, draft_ms=2.0,
+                    draft_j=0.04, tokens=2)
+    assert ctl.budget.allowance_ms == before - (43.0 - 25.0 * 2)  # paid against depth 1's 25 ms a token
 
 
 def test_a_step_that_traced_a_compiled_graph_teaches_no_cell_and_costs_exploration_nothing():

@@ -126,7 +126,7 @@ def test_exploration_never_costs_more_than_its_share_plus_one_step(steps):
     budget, worst = ExplorationBudget(share=0.01), 0.0
     for plain, wall, tokens in steps:
         if plain:
-            budget.note_plain(wall)
+            budget.note_chosen(wall)
         elif budget.can_explore(0.0):
             worst = max(worst, budget.note_explored(wall, 80.0, tokens))
     assert budget.spent_ms <= budget.earned_ms + worst + 1e-9
