@@ -210,7 +210,7 @@ class OnlineController:
             if not traced:
                 baseline = self.planned.baseline_ms_per_token if self.planned.exploring else None
                 self.budget.note_explored(verify_ms + draft_ms, baseline or self.costs.table().step_cost(n, 0).ms,
-                                          tokens / n)
+                                          tokens / n, refund=baseline is None)
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1
         else:
             self.burst_left = 0

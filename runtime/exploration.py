@@ -12,7 +12,7 @@ the allowance, so over any run exploration's net cost is at most `share` of the 
 as chosen (1% by default) plus one step; the allowance is capped, so a long plain spell cannot buy a
 burst of losses later. Where speculation already pays, an exploration one depth deeper is charged
 against what the chosen depth was expected to cost per token, not against plain decode
-(runtime/step_plan.py). Each burst of explorations that all lost halves what chosen steps earn
+(runtime/step_plan.py), and never refunded. Each burst of explorations that all lost halves what chosen steps earn
 (down to 1/64), and one that paid restores it: where drafting never pays, exploration fades to a
 fraction of the share, and is still tried now and then.
 
@@ -51,10 +51,15 @@ class ExplorationBudget(msgspec.Struct, kw_only=True):
         self.earned_ms += earned
         self.allowance_ms = min(self.cap_ms, self.allowance_ms + earned)
 
-    def note_explored(self, wall_ms: float, baseline_ms_per_token: float, tokens_per_seq: float) -> float:
+    def note_explored(self, wall_ms: float, baseline_ms_per_token: float, tokens_per_seq: float,
+                      refund: bool = True) -> float:
         """Charge one exploring step; returns what it lost against its baseline (plain decode's ms per
-        token, or the chosen depth's; below zero: it paid, and the gain goes back to the allowance)."""
+        token, or the chosen depth's; below zero: it paid, and the gain goes back to the allowance
+        where `refund`). An exploration deeper than a paying depth is not refunded: against a depth
+        that pays, a lucky step's accepted drafts kept a losing depth 2 explored for 25 steps in a row
+        on chat, each a few ms dearer than depth 1."""
         loss = wall_ms - baseline_ms_per_token * tokens_per_seq
+        loss = loss if refund else max(loss, 0.0)
         self.allowance_ms = min(self.cap_ms, self.allowance_ms - loss)
         self.spent_ms += loss
         self.steps += 1

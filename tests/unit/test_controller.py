@@ -296,9 +296,12 @@ def test_code_at_depth_one_tries_depth_two_where_its_bound_may_pay_and_is_charge
     ctl = controller(by_depth=(0.6, 0.4, 0.25))
     ctl.planned = plan
     before = ctl.budget.allowance_ms
-    ctl.record_spec(plan, [seq()], verify_depth=2, verify_ms=41.0, verify_j=0.8, draft_width=1, draft_ms=2.0,
-                    draft_j=0.04, tokens=2)
-    assert ctl.budget.allowance_ms == before - (43.0 - 25.0 * 2)  # paid against depth 1's 25 ms a token
+    explored = lambda tokens: ctl.record_spec(plan, [seq()], verify_depth=2, verify_ms=41.0, verify_j=0.8,  # noqa: E731
+                                              draft_width=1, draft_ms=2.0, draft_j=0.04, tokens=tokens)
+    explored(1)
+    assert ctl.budget.allowance_ms == before - (43.0 - 25.0)  # charged against depth 1's 25 ms a token
+    explored(3)
+    assert ctl.budget.allowance_ms == before - (43.0 - 25.0)  # a lucky step is not refunded
 
 
 def test_a_step_that_traced_a_compiled_graph_teaches_no_cell_and_costs_exploration_nothing():
