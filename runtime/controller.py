@@ -208,7 +208,7 @@ class OnlineController:
         self.traced_steps += traced
         if plan.exploring:
             if not traced:
-                baseline = self.planned.baseline_ms_per_token if self.planned.exploring else None
+                baseline = self.planned.baseline_ms_per_token  # set only where it explored deeper
                 self.budget.note_explored(verify_ms + draft_ms, baseline or self.costs.table().step_cost(n, 0).ms,
                                           tokens / n, refund=baseline is None)
             self.burst_left = EXPLORE_BURST - 1 if self.burst_left == 0 else self.burst_left - 1

@@ -63,10 +63,16 @@ def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, m
     upper = shallowest_paying(plan_bounds, max_k, n)
     if not any(upper):
         return Plan(depths)
-    needed = 0.0 if continuing else EXPLORE_BURST * expected_loss(table, views, upper)
-    if allowance_ms >= needed and (allowance_ms > 0 or not continuing):
+    if _affordable(allowance_ms, continuing, lambda: expected_loss(table, views, upper)):
         return Plan(upper, exploring=True)
     return Plan(depths)
+
+
+def _affordable(allowance_ms: float, continuing: bool, step_loss) -> bool:
+    """Whether the allowance covers a new burst's expected loss (step_loss() a step), or lets a
+    burst under way go on while it is not spent."""
+    needed = 0.0 if continuing else EXPLORE_BURST * step_loss()
+    return allowance_ms >= needed and (allowance_ms > 0 or not continuing)
 
 
 def _deeper(views, depths: tuple[int, ...], upper: tuple[int, ...], table, allowance_ms: float,
@@ -79,8 +85,7 @@ def _deeper(views, depths: tuple[int, ...], upper: tuple[int, ...], table, allow
     if probe == depths:
         return Plan(depths)
     baseline = ms_per_token(table, views, depths)
-    needed = 0.0 if continuing else EXPLORE_BURST * expected_loss(table, views, probe, baseline)
-    if allowance_ms >= needed and (allowance_ms > 0 or not continuing):
+    if _affordable(allowance_ms, continuing, lambda: expected_loss(table, views, probe, baseline)):
         return Plan(probe, exploring=True, baseline_ms_per_token=baseline)
     return Plan(depths)
 

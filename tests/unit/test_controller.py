@@ -220,12 +220,8 @@ def test_a_draft_that_catches_up_first_is_not_the_draft_cells_cost():
 
 
 def _explore_one(verify_ms, upper, mean=(0.01, 0.01, 0.01)):
-    table = make_table(meta=META, widths=(1,), depths=(0, 1, 2, 3),
-                       verify=lambda n, k: Cost(ms=verify_ms[k], joules=verify_ms[k] / 50),
-                       draft=lambda n, k: Cost(ms=0.0, joules=0.0),
-                       calibration=AcceptanceCalibration(by_depth=(0.3, 0.2, 0.1)))
     view = SeqView("balanced", mean, upper)
-    return plan_step([view], table, max_k=3, slack=0.1, mtp_max_seqs=32, explore=True, allowance_ms=1e6)
+    return plan_step([view], _table(verify_ms), max_k=3, slack=0.1, mtp_max_seqs=32, explore=True, allowance_ms=1e6)
 
 
 def test_exploration_tries_the_shallowest_depth_the_upper_bounds_pay_at():
@@ -244,13 +240,8 @@ rates3 = st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3).map(tuple)
 
 
 def _plan_one(verify_ms, mean, upper, allowance_ms=1e6, optimistic_ms=None):
-    table, optimistic = (make_table(meta=META, widths=(1,), depths=(0, 1, 2, 3),
-                                    verify=lambda n, k, ms=ms: Cost(ms=ms[k], joules=ms[k] / 50),
-                                    draft=lambda n, k: Cost(ms=0.0, joules=0.0),
-                                    calibration=AcceptanceCalibration(by_depth=(0.3, 0.2, 0.1)))
-                         for ms in (verify_ms, optimistic_ms or verify_ms))
-    return plan_step([SeqView("balanced", mean, upper)], table, max_k=3, slack=0.1, mtp_max_seqs=32,
-                     explore=True, allowance_ms=allowance_ms, optimistic=optimistic)
+    return plan_step([SeqView("balanced", mean, upper)], _table(verify_ms), max_k=3, slack=0.1, mtp_max_seqs=32,
+                     explore=True, allowance_ms=allowance_ms, optimistic=_table(optimistic_ms or verify_ms))
 
 
 @settings(max_examples=300, deadline=None)
