@@ -160,12 +160,14 @@ class System:
 
     def _self_calibration(self, model: str, machine: str, energy_source: str, checks: bool = False):
         from runtime.cost_table import TableMeta
-        from runtime.self_calibration import SelfCalibration
+        from runtime.self_calibration import WIDTHS, SelfCalibration, checked_widths
 
+        sched = self.config.scheduler
+        widths = checked_widths(min(sched.max_active_requests, sched.mtp_max_seqs)) if checks else WIDTHS
         meta = TableMeta(model_id=model, drafter=self.info.drafter, machine=machine, dtype=self.info.dtype,
                          blas=self.info.compute, energy_source=energy_source,
                          watts_per_core=self.config.spec.watts_per_core, date="")
-        return SelfCalibration(meta, self.config.spec.num_draft_tokens, checks=checks)
+        return SelfCalibration(meta, self.config.spec.num_draft_tokens, widths=widths, checks=checks)
 
     def _watch(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.failure is not None:

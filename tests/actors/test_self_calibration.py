@@ -3,6 +3,8 @@ whose table was measured elsewhere starts the controller from it at once and che
 
 import asyncio
 
+import pytest
+
 from actors.scheduler import Scheduler
 from runtime.controller import Learning, OnlineController
 from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
@@ -10,7 +12,7 @@ from runtime.messages import Admitted, Finished, SamplingParams
 from runtime.owner_messages import CellTimed, Decode, TimeCell
 from runtime.modes import SerialMode
 from runtime.online_cost import OnlineCostModel
-from runtime.self_calibration import SELF_CALIBRATED, SelfCalibration
+from runtime.self_calibration import SELF_CALIBRATED, SelfCalibration, checked_widths
 from runtime.speculation import SpeculationPolicy
 from tests.actors.fakes import CharCodec, Collector, ScriptedOwner, Sink
 
@@ -115,3 +117,12 @@ def test_the_check_times_each_speculative_cell_between_plain_steps_of_its_width(
         after = next(c for c in queue[i:] if c[0] == "verify" and c[2] == 0)
         assert before[1] == after[1] == width
     assert {c for c in queue} == set(check.samples)  # every cell of the table is timed
+
+
+@pytest.mark.parametrize("widest, widths", [(0, (1,)), (1, (1,)), (2, (1, 2)), (3, (1, 2)), (4, (1, 2, 4)),
+                                            (32, (1, 2, 4))])
+def test_a_check_times_only_the_widths_the_server_decodes_at(widest, widths):
+    """A serial server (batches of one) checks width 1 alone: its few idle moments go to the cells it uses."""
+    assert checked_widths(widest) == widths
+    check = SelfCalibration(META, max_k=2, widths=checked_widths(widest), checks=True)
+    assert {width for _, width, _ in check.queue} == set(widths)
