@@ -14,9 +14,10 @@ a 2-core AMD EPYC a fresh server read the shipped Xeon table's depth-1 step at 1
 (its shape and the caution about a cell measured elsewhere) where it cost 1.14x, and decoded the
 first third of the chat prompts plainly; depths 2 and 3, never chosen, stayed read at 1.6x and 2.1x
 where they cost 1.36x and 1.45x, and code stayed at depth 1 where depth 3 paid 1.40x against 1.33x.
-A check times only the widths this server decodes at (`checked_widths`): a serial server's idle
-moments between requests come one per request, and checking widths 2 and 4 too put its first
-measurement of width 1's depth-1 cell after ~31 of them, past a bench's whole chat set.
+A check times only the widths this server decodes at (`checked_widths`), depth by depth from the
+shallowest: a serial server's idle moments come one per request in a bench, and with every cell
+once per round over widths 1, 2 and 4, width 1's depth-1 cell got its first fed measurement after
+~31 of them, past the whole chat set; now after 6.
 
 Pure: the scheduler runs the calls on the model owner and hands each result in.
 """
@@ -46,17 +47,20 @@ class SelfCalibration:
         cells = [("verify", n, k) for n in self.widths for k in self.depths]
         cells += [("draft", n, k) for n in self.widths for k in self.depths if k]
         rounds = repeats or (CHECK_REPEATS if checks else REPEATS)
-        self.queue = (self._check_round() if checks else cells) * rounds  # every cell once before any twice
+        # Every cell once before any twice, so a slow spell hits every cell alike; a check goes depth by
+        # depth instead, each speculative cell between plain steps of its width (what its ratio is
+        # learned against), the shallowest first: the cell the planner's first decisions turn on.
+        self.queue = self._check_queue(rounds) if checks else cells * rounds
         self.total = len(self.queue)
         self.samples: dict[tuple, list[tuple[float, float]]] = {cell: [] for cell in cells}
 
-    def _check_round(self) -> list[tuple[str, int, int]]:
-        """Each speculative cell (verify and draft at one depth) between plain steps of its width: what
-        the online cost model learns its ratio to plain decode against."""
+    def _check_queue(self, rounds: int) -> list[tuple[str, int, int]]:
+        """Per width, per depth from 1 up, `rounds` times: plain, verify at that depth, its draft; a
+        plain step closes each width's run."""
         cells = []
         for n in self.widths:
             for k in self.depths[1:]:
-                cells += [("verify", n, 0), ("verify", n, k), ("draft", n, k)]
+                cells += [("verify", n, 0), ("verify", n, k), ("draft", n, k)] * rounds
             cells.append(("verify", n, 0))
         return cells
 

@@ -126,3 +126,18 @@ def test_a_check_times_only_the_widths_the_server_decodes_at(widest, widths):
     assert checked_widths(widest) == widths
     check = SelfCalibration(META, max_k=2, widths=checked_widths(widest), checks=True)
     assert {width for _, width, _ in check.queue} == set(widths)
+
+
+def test_a_check_measures_the_shallowest_depth_first():
+    """Depth 1's verify and draft are fed (their second call: the first traces) within the first six
+    idle calls, before any deeper cell is timed: the planner's first decisions turn on them."""
+    check = SelfCalibration(META, max_k=3, widths=(1,), checks=True)
+    first_fed = {}
+    for i, cell in enumerate(list(check.queue)):
+        check.record(cell, 10.0, 1.0)
+        if check.measures(cell):
+            first_fed.setdefault(cell, i + 1)
+    assert first_fed[("verify", 1, 1)] <= 6 and first_fed[("draft", 1, 1)] <= 6
+    depth_of_call = [depth for _, _, depth in SelfCalibration(META, max_k=3, widths=(1,), checks=True).queue
+                     if depth]
+    assert depth_of_call == sorted(depth_of_call)
