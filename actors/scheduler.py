@@ -58,6 +58,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.learning = learning  # saving the learned table, and the self-calibration (or its check of a prior)
         self.calibration = learning.calibration if learning else None  # runs while idle
         self.persisted_at = time.monotonic()  # when the learned table was last saved
+        self.checked_last = False  # the latest turn of the loop ran a check call and nothing arrived in it
         self.ahead = False  # a lookahead plain step is in flight
         self.traces_seen = 0  # the owner's count of compiled graphs traced, as of its latest step reply
         self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
@@ -70,14 +71,20 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
     async def run(self) -> None:
         while True:
             idle = not self.waiting and not self.active
+            items = []
             if idle and self.calibration is not None:  # never blocks a request: one call, then look again
-                await self.calibrate_one()
-                idle = False
-            items = [await self.inbox.get()] if idle else []
+                if (arrived := await self.quiet_or_next()) is None:
+                    await self.calibrate_one()
+                    idle = False
+                else:
+                    items = [arrived]
+            elif idle:
+                items = [await self.inbox.get()]
             if idle and self.mode.batch_wait_s:  # let a burst of arrivals start as one batch
                 await asyncio.sleep(self.mode.batch_wait_s)
             while not self.inbox.empty():
                 items.append(self.inbox.get_nowait())
+            self.checked_last = self.checked_last and not items
             for item in items:
                 if self.is_stop(item):
                     return

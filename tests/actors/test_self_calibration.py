@@ -12,7 +12,7 @@ from runtime.messages import Admitted, Finished, SamplingParams
 from runtime.owner_messages import CellTimed, Decode, TimeCell
 from runtime.modes import SerialMode
 from runtime.online_cost import OnlineCostModel
-from runtime.self_calibration import SELF_CALIBRATED, SelfCalibration, checked_widths
+from runtime.self_calibration import CHECK_REPEATS, SELF_CALIBRATED, SelfCalibration, checked_widths
 from runtime.speculation import SpeculationPolicy
 from tests.actors.fakes import CharCodec, Collector, ScriptedOwner, Sink
 
@@ -141,3 +141,43 @@ def test_a_check_measures_the_shallowest_depth_first():
     depth_of_call = [depth for _, _, depth in SelfCalibration(META, max_k=3, widths=(1,), checks=True).queue
                      if depth]
     assert depth_of_call == sorted(depth_of_call)
+
+
+async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement():
+    """A check waits for a quiet moment, and a call during which a request arrived (its admission
+    shared the machine with the call) is dropped and timed again once the request has been served."""
+
+    class SlowCells(TimingOwner):
+        async def handle(self, msg):
+            if isinstance(msg, TimeCell):
+                await asyncio.sleep(0.05)
+            return await super().handle(msg)
+
+    owner, streamer, telemetry = SlowCells(), Collector(), Sink()
+    policy = SpeculationPolicy("ngram", 1, "auto")
+    foreign = make_table(meta=META, widths=(1,), depths=(0, 1),
+                         verify=lambda n, k: Cost(ms=50.0 + 20 * k, joules=1.0),
+                         draft=lambda n, k: Cost(ms=2.0 * k, joules=0.04 * k),
+                         calibration=AcceptanceCalibration(by_depth=(0.3,)))
+    policy.use_controller(OnlineController(OnlineCostModel(foreign, "foreign-shipped"), max_k=1, slack=0.1,
+                                           mtp_max_seqs=32))
+    check = SelfCalibration(META, max_k=1, widths=(1,), checks=True)
+    learning = Learning(save=lambda costs: None, calibration=check, make_controller=None)
+    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, learning=learning)
+    actors = [owner, streamer, telemetry, scheduler]
+    for actor in actors:
+        actor.start()
+    async with asyncio.timeout(10):
+        while "TimeCell" not in owner.commands:  # the first call starts after the quiet moment
+            await asyncio.sleep(0.005)
+        await scheduler.tell(Admitted(request_id="r", prompt_ids=(1, 2),
+                                      params=SamplingParams(max_tokens=2, disable_mtp=True), submitted_at=0.0))
+        await streamer.terminal.wait()
+        while scheduler.calibration is not None:
+            await asyncio.sleep(0.01)
+    first_call, prefill = owner.commands.index("TimeCell"), owner.commands.index("Prefill")
+    assert first_call < prefill
+    assert owner.commands.count("TimeCell") == check.total + 1  # the dropped call, timed again
+    assert all(len(samples) == CHECK_REPEATS for cell, samples in check.samples.items() if cell[2])
+    for actor in reversed(actors):
+        await actor.close()
