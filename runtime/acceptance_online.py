@@ -5,15 +5,11 @@ the drafts verified) and 1..accepted succeeded. Counts decay, so old evidence fa
 - `PhasePriors` keep the server's counts per content phase (runtime/content_phase.py), starting
   from the calibration table's by_depth with PRIOR_TRIALS pseudo-trials and decaying slowly per
   outcome, so a phase whose acceptance rises is seen to rise. They answer "what does a request
-  with no evidence of its own accept here", so each request votes with its first VOTES outcomes in
-  a phase, whatever ran them (a choice or exploration), each request with the same weight (one that
-  gave fewer before it stopped drafting or ended weighs them up to VOTES), and no more: later drafts run because the
-  request's own evidence was good, and counting them would lean the prior toward the requests that
-  accept well (0.4 for chat whose requests average 0.25 on this model), so every new request would
-  draft a few losing steps. And a request's exploring drafts after it had drafted start where its
-  own recent drafts failed: when every exploring outcome voted, chat's exploring drafts accepted
-  0.24 in one bench run where its drafts accept 0.35, the prior sat at 0.22-0.26, and the planner
-  decoded half of chat plainly (0.913x the best fixed depth).
+  with no evidence of its own accept here", so each request votes once per phase, with its first
+  outcome there, and with every outcome of an exploring step (chosen for how little a request has
+  shown, not how well): later drafts run because the request's own evidence was good, and counting
+  them would lean the prior toward the requests that accept well (0.4 for chat whose requests
+  average 0.25 on this model), so every new request would draft a few losing steps.
 - `RequestAcceptance` keeps one request's counts per phase, decaying per step (drafted or not), so
   a request that stopped drafting drifts back to its phase prior and gets tried again.
 The posterior mean at position t is (hits + m prior) / (trials + m); its upper bound adds
@@ -45,10 +41,6 @@ PRIOR_TRIALS = 20.0  # strength of the table's prior in a phase never served
 REQUEST_TRIALS = 5.0
 PHASE_DECAY = 0.99  # per vote: a phase remembers its last ~100 requests
 REQUEST_DECAY = 0.95  # per step: a request remembers its last ~20 steps
-# A request's outcomes in a phase that vote in its prior: its first few, before its own evidence
-# decides whether it drafts (a request that accepts nothing stops after ~2-6, so the lean toward
-# requests that accept well stays small: test_the_phase_prior_is_what_a_request_without_evidence_accepts).
-VOTES = 4
 Z = 1.64  # one-sided 95%: the upper bound exploration tests
 # The fit of a phase's between-request spread: from this many finished requests that drafted there,
 # over the last SPREAD_REQUESTS; m at most MAX_STRENGTH, so a request's own ~20 decayed trials still
@@ -66,14 +58,14 @@ class Counts:
     def __init__(self, trials: Sequence[float] = (), hits: Sequence[float] = ()):
         self.trials, self.hits = list(trials), list(hits)
 
-    def add(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+    def add(self, drafted: int, accepted: int) -> None:
         tried = min(drafted, accepted + 1)  # a draft after a rejection was never judged
         while len(self.trials) < tried:
             self.trials.append(0.0)
             self.hits.append(0.0)
         for t in range(tried):
-            self.trials[t] += weight
-            self.hits[t] += weight * (t < accepted)
+            self.trials[t] += 1.0
+            self.hits[t] += t < accepted
 
     def decay(self, factor: float) -> None:
         self.trials = [x * factor for x in self.trials]
@@ -137,10 +129,10 @@ class PhasePriors:
         self.unsampled: dict[Phase, int] = {}  # requests ended there without drafting since the last sample
         self._strengths: dict[Phase, float] = {}
 
-    def note(self, phase: Phase, drafted: int, accepted: int, weight: float = 1.0) -> None:
+    def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         counts = self.counts.setdefault(phase, Counts())
         counts.decay(PHASE_DECAY)
-        counts.add(drafted, accepted, weight)
+        counts.add(drafted, accepted)
         self._means.pop(phase, None)
 
     def mean(self, phase: Phase) -> tuple[float, ...]:
@@ -178,29 +170,21 @@ class RequestAcceptance:
     def __init__(self, priors: PhasePriors, start: dict[Phase, Counts] | None = None):
         self.priors = priors
         self.counts: dict[Phase, Counts] = {p: c.copy() for p, c in (start or {}).items()}
-        self.votes: dict[Phase, list[tuple[int, int]]] = {}  # its first outcomes per phase, until cast
-        self.cast: set[Phase] = set()  # phases whose prior has this request's votes
+        self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
         self.firsts: dict[Phase, list[float]] = {}  # undecayed (trials, hits) at the first draft, per phase run in
 
-    def note(self, phase: Phase, drafted: int, accepted: int) -> None:
-        """One verify outcome; among the request's first VOTES in the phase, a vote in its prior too
-        (with the first outcome alone voting, the answer phase's prior still read the foreign table's
-        0.33 after a bench run whose chat drafts accepted 0.13)."""
+    def note(self, phase: Phase, drafted: int, accepted: int, explored: bool = False) -> None:
+        """One verify outcome. An exploring step's outcome always votes: exploration picks requests by
+        how little they have shown, not by how well, so its outcomes are the phase's unselected ones
+        (with the first vote alone, the answer phase's prior still read the foreign table's 0.33 after
+        a bench run whose chat drafts accepted 0.13)."""
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
         first = self.firsts.setdefault(phase, [0.0, 0.0])
         first[0] += drafted > 0
         first[1] += accepted > 0
-        if phase not in self.cast:
-            self.votes.setdefault(phase, []).append((drafted, accepted))
-            if len(self.votes[phase]) == VOTES:
-                self._cast(phase)
-
-    def _cast(self, phase: Phase) -> None:
-        """This request's first outcomes in the phase into its prior, weighing VOTES in all."""
-        self.cast.add(phase)
-        outcomes = self.votes.pop(phase, [])
-        for drafted, accepted in outcomes:
-            self.priors.note(phase, drafted, accepted, VOTES / len(outcomes))
+        if explored or phase not in self.voted:
+            self.voted.add(phase)
+            self.priors.note(phase, drafted, accepted)
 
     def step(self, phase: Phase | None = None) -> None:
         """One step passed (drafted or not) in `phase`: the request's own evidence fades a little."""
@@ -210,10 +194,7 @@ class RequestAcceptance:
             counts.decay(REQUEST_DECAY)
 
     def finish(self) -> None:
-        """The request ended: its votes not yet cast go in, and how it accepted in each phase it ran
-        in feeds that phase's spread fit."""
-        for phase in list(self.votes):
-            self._cast(phase)
+        """The request ended: how it accepted in each phase it ran in feeds that phase's spread fit."""
         for phase, (trials, hits) in self.firsts.items():
             self.priors.note_request(phase, trials, hits)
         self.firsts = {}

@@ -109,7 +109,6 @@ def test_the_phase_prior_is_what_a_request_without_evidence_accepts(good, bad, s
             if step == 0 or acc.mean(Phase.ANSWER, 1)[0] > 0.4:
                 acc.note(Phase.ANSWER, 1, int(rng.random() < rate))
             acc.step()
-        acc.finish()
     assert abs(priors.mean(Phase.ANSWER)[0] - (good + bad) / 2) < 0.12
 
 
