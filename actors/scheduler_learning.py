@@ -36,8 +36,8 @@ class ControllerUpkeep:
     async def quiet_or_next(self):
         """None once the server has been quiet long enough for a call of the calibration (at once for
         a calibration of its own, or right after a check call); else the first message to arrive."""
-        if not self.calibration.checks or self.checked_last:
-            return None
+        if not self.calibration.checks or (self.checked_last and self.inbox.empty()):
+            return None  # a message already waiting is taken below, at once
         try:
             async with asyncio.timeout(CHECK_QUIET_S):
                 return await self.inbox.get()  # a cancelled get leaves the queue's items in place
