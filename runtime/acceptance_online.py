@@ -4,12 +4,17 @@ Each verify outcome is a run of Bernoulli trials: positions 1..accepted+1 were t
 the drafts verified) and 1..accepted succeeded. Counts decay, so old evidence fades:
 - `PhasePriors` keep the server's counts per content phase (runtime/content_phase.py), starting
   from the calibration table's by_depth with PRIOR_TRIALS pseudo-trials and decaying slowly per
-  outcome, so a phase whose acceptance rises is seen to rise. They answer "what does a request
-  with no evidence of its own accept here", so each request votes once per phase, with its first
-  outcome there, and with every outcome of an exploring step (chosen for how little a request has
-  shown, not how well): later drafts run because the request's own evidence was good, and counting
-  them would lean the prior toward the requests that accept well (0.4 for chat whose requests
-  average 0.25 on this model), so every new request would draft a few losing steps.
+  vote, so a phase whose acceptance rises is seen to rise. They answer "what does a request with
+  no evidence of its own accept here", so only outcomes whose coming about owes nothing to the
+  request's own acceptance vote, each request alike: its first outcome in a phase, at once, and at
+  its end its whole record there as one vote (its rate at each position). Every later draft ran
+  because of what the request had shown: a chosen one because its drafts were accepted (counted,
+  the prior leaned toward the requests that accept well: 0.4 for chat whose requests averaged 0.25
+  on an earlier head), an exploring one because they were not, or, one deeper, because they were.
+  When exploring outcomes voted, chat's prior read 0.26-0.29 in one bench run and 0.39-0.43 in
+  another on a 2-core AMD EPYC, where every chat draft accepts 0.356 at position 1 (fixed depth 1):
+  a draft after a rejection accepts 0.30, and 0.33 still 2-24 steps later, since a rejection marks a
+  request that accepts less.
 - `RequestAcceptance` keeps one request's counts per phase, decaying per step (drafted or not), so
   a request that stopped drafting drifts back to its phase prior and gets tried again.
 The posterior mean at position t is (hits + m prior) / (trials + m); its upper bound adds
@@ -33,13 +38,15 @@ from typing import Sequence
 
 from runtime.content_phase import Phase
 
-PRIOR_TRIALS = 20.0  # strength of the table's prior in a phase never served
+# Strength of the table's prior in a phase never served: as much as six requests' two votes, so a
+# table from another machine or head gives way within ~15 requests (test_request_spread.py).
+PRIOR_TRIALS = 12.0
 # Strength of the phase prior in a request's own posterior. A request's decayed evidence holds
 # ~20 trials at most: at 3 a run of three rejections (0.4 likely at chat's 0.27) turned a request
 # plain though drafting every step paid 1.14x; at 5 it takes about six, and a request that accepts
 # nothing still stops within ~10 drafted steps (test_online_estimators).
 REQUEST_TRIALS = 5.0
-PHASE_DECAY = 0.99  # per vote: a phase remembers its last ~100 requests
+PHASE_DECAY = 0.99  # per vote: a phase remembers its last ~50 requests (two votes each)
 REQUEST_DECAY = 0.95  # per step: a request remembers its last ~20 steps
 Z = 1.64  # one-sided 95%: the upper bound exploration tests
 # The fit of a phase's between-request spread: from this many finished requests that drafted there,
@@ -60,12 +67,15 @@ class Counts:
 
     def add(self, drafted: int, accepted: int) -> None:
         tried = min(drafted, accepted + 1)  # a draft after a rejection was never judged
-        while len(self.trials) < tried:
-            self.trials.append(0.0)
-            self.hits.append(0.0)
+        self.grow(tried)
         for t in range(tried):
             self.trials[t] += 1.0
             self.hits[t] += t < accepted
+
+    def grow(self, positions: int) -> None:
+        while len(self.trials) < positions:
+            self.trials.append(0.0)
+            self.hits.append(0.0)
 
     def decay(self, factor: float) -> None:
         self.trials = [x * factor for x in self.trials]
@@ -130,10 +140,24 @@ class PhasePriors:
         self._strengths: dict[Phase, float] = {}
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
+        """One outcome as a vote: a request's first in the phase."""
+        counts = self._decayed(phase)
+        counts.add(drafted, accepted)
+
+    def note_record(self, phase: Phase, record: Counts) -> None:
+        """A finished request's whole record in the phase as one vote: its rate at each position tried."""
+        counts = self._decayed(phase)
+        for t in range(len(record.trials)):
+            if record.trials[t] > 0:
+                counts.grow(t + 1)
+                counts.trials[t] += 1.0
+                counts.hits[t] += record.hits[t] / record.trials[t]
+
+    def _decayed(self, phase: Phase) -> Counts:
         counts = self.counts.setdefault(phase, Counts())
         counts.decay(PHASE_DECAY)
-        counts.add(drafted, accepted)
         self._means.pop(phase, None)
+        return counts
 
     def mean(self, phase: Phase) -> tuple[float, ...]:
         if phase not in self._means:
@@ -171,18 +195,17 @@ class RequestAcceptance:
         self.priors = priors
         self.counts: dict[Phase, Counts] = {p: c.copy() for p, c in (start or {}).items()}
         self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
+        self.records: dict[Phase, Counts] = {}  # undecayed, per phase: its vote at its end
         self.firsts: dict[Phase, list[float]] = {}  # undecayed (trials, hits) at the first draft, per phase run in
 
-    def note(self, phase: Phase, drafted: int, accepted: int, explored: bool = False) -> None:
-        """One verify outcome. An exploring step's outcome always votes: exploration picks requests by
-        how little they have shown, not by how well, so its outcomes are the phase's unselected ones
-        (with the first vote alone, the answer phase's prior still read the foreign table's 0.33 after
-        a bench run whose chat drafts accepted 0.13)."""
+    def note(self, phase: Phase, drafted: int, accepted: int) -> None:
+        """One verify outcome, whatever ran it (a choice or exploration); the first in a phase votes at once."""
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
+        self.records.setdefault(phase, Counts()).add(drafted, accepted)
         first = self.firsts.setdefault(phase, [0.0, 0.0])
         first[0] += drafted > 0
         first[1] += accepted > 0
-        if explored or phase not in self.voted:
+        if phase not in self.voted:
             self.voted.add(phase)
             self.priors.note(phase, drafted, accepted)
 
@@ -194,7 +217,11 @@ class RequestAcceptance:
             counts.decay(REQUEST_DECAY)
 
     def finish(self) -> None:
-        """The request ended: how it accepted in each phase it ran in feeds that phase's spread fit."""
+        """The request ended: its record in each phase it drafted in votes there, and how it accepted
+        in each phase it ran in feeds that phase's spread fit."""
+        for phase, record in self.records.items():
+            self.priors.note_record(phase, record)
+        self.records = {}
         for phase, (trials, hits) in self.firsts.items():
             self.priors.note_request(phase, trials, hits)
         self.firsts = {}

@@ -219,8 +219,8 @@ class OnlineController:
 
     def record_outcome(self, seq, drafted: int, accepted: int) -> None:
         ctl = self.control(seq)
-        if drafted:  # record_spec ran first: explored_last is this step's
-            ctl.acceptance.note(ctl.phase, drafted, accepted, explored=self.explored_last)
+        if drafted:
+            ctl.acceptance.note(ctl.phase, drafted, accepted)
 
     def step_passed(self, batch) -> None:
         self.viewed = ((), [])  # evidence fades now: the views are the last step's
