@@ -25,20 +25,27 @@ class Workers {
   // fn(c) for every chunk c < chunks, shared with the helpers; returns when all are done.
   template <typename Fn>
   void run(int chunks, const Fn& fn) {
+    if (chunks > kMaxChunks) {  // more than a claim word holds: alone (no caller comes near)
+      for (int c = 0; c < chunks; ++c) fn(c);
+      return;
+    }
     std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
     job_ = &fn;
     call_ = [](const void* f, int c) { (*static_cast<const Fn*>(f))(c); };
-    chunks_ = chunks;
     done_.store(0, std::memory_order_relaxed);
     uint32_t g = generation_.load(std::memory_order_relaxed) + 1;
-    claim_.store((uint64_t)g << 32, std::memory_order_relaxed);
+    // Released after the job: a claim of this word sees it. The word carries its own chunk count, so a
+    // helper still in the last call's work() never reads this call's count against that call's word
+    // (it did: it claimed a chunk past the last call's end, ran this call's job, counted it done, and
+    // run() returned while a chunk still ran in its frame; a served step crashed in attention).
+    claim_.store(word(g, chunks, 0), std::memory_order_release);
     generation_.store(g);  // seq_cst: a helper going to sleep sees it, or is seen asleep below
     if (sleepers_.load() > 0) {
       std::lock_guard<std::mutex> g_(sleep_mutex_);
       wake_.notify_all();
     }
     work(g);
-    while (done_.load(std::memory_order_acquire) < chunks_) {
+    while (done_.load(std::memory_order_acquire) < chunks) {
     }
   }
 
@@ -47,14 +54,21 @@ class Workers {
     for (unsigned i = 1; i < n; ++i) std::thread([this] { loop(); }).detach();
   }
 
+  // A claim word: the generation (32 bits), its chunk count and the next chunk (16 bits each).
+  static constexpr int kMaxChunks = 0xFFFF;
+  static uint64_t word(uint32_t g, int chunks, int next) {
+    return (uint64_t)g << 32 | (uint64_t)chunks << 16 | (uint64_t)next;
+  }
+
   // Claim chunks of generation g until none are left; a claim of a finished generation fails.
   void work(uint32_t g) {
     for (;;) {
       uint64_t c = claim_.load(std::memory_order_acquire);
-      if ((uint32_t)(c >> 32) != g || (int)(uint32_t)c >= chunks_) return;
+      int chunks = (int)(c >> 16 & 0xFFFF), next = (int)(c & 0xFFFF);
+      if ((uint32_t)(c >> 32) != g || next >= chunks) return;
       if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
-      // The claimed chunk is unfinished, so run() has not moved on: the job's fields are g's.
-      call_(job_, (int)(uint32_t)c);
+      // An unfinished chunk of g was claimed, so run() has not moved on: the job's fields are g's.
+      call_(job_, next);
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -80,11 +94,10 @@ class Workers {
   std::mutex run_mutex_, sleep_mutex_;
   std::condition_variable wake_;
   std::atomic<uint32_t> generation_{0};
-  std::atomic<uint64_t> claim_{0};  // generation << 32 | next chunk
+  std::atomic<uint64_t> claim_{0};  // word(generation, chunks, next chunk)
   std::atomic<int> done_{0}, sleepers_{0};
   const void* job_ = nullptr;
   void (*call_)(const void*, int) = nullptr;
-  int chunks_ = 0;
 };
 
 }  // namespace metrale
