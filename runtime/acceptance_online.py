@@ -195,16 +195,14 @@ class RequestAcceptance:
         self.priors = priors
         self.counts: dict[Phase, Counts] = {p: c.copy() for p, c in (start or {}).items()}
         self.voted: set[Phase] = set()  # phases whose prior has this request's first outcome
-        self.records: dict[Phase, Counts] = {}  # undecayed, per phase: its vote at its end
-        self.firsts: dict[Phase, list[float]] = {}  # undecayed (trials, hits) at the first draft, per phase run in
+        self.records: dict[Phase, Counts] = {}  # undecayed, per phase drafted in: its vote at its end
+        self.ran: set[Phase] = set()  # phases it ran in, drafted or not
 
     def note(self, phase: Phase, drafted: int, accepted: int) -> None:
         """One verify outcome, whatever ran it (a choice or exploration); the first in a phase votes at once."""
         self.counts.setdefault(phase, Counts()).add(drafted, accepted)
         self.records.setdefault(phase, Counts()).add(drafted, accepted)
-        first = self.firsts.setdefault(phase, [0.0, 0.0])
-        first[0] += drafted > 0
-        first[1] += accepted > 0
+        self.ran.add(phase)
         if phase not in self.voted:
             self.voted.add(phase)
             self.priors.note(phase, drafted, accepted)
@@ -212,7 +210,7 @@ class RequestAcceptance:
     def step(self, phase: Phase | None = None) -> None:
         """One step passed (drafted or not) in `phase`: the request's own evidence fades a little."""
         if phase is not None:
-            self.firsts.setdefault(phase, [0.0, 0.0])
+            self.ran.add(phase)
         for counts in self.counts.values():
             counts.decay(REQUEST_DECAY)
 
@@ -221,10 +219,9 @@ class RequestAcceptance:
         in each phase it ran in feeds that phase's spread fit."""
         for phase, record in self.records.items():
             self.priors.note_record(phase, record)
-        self.records = {}
-        for phase, (trials, hits) in self.firsts.items():
-            self.priors.note_request(phase, trials, hits)
-        self.firsts = {}
+        for phase in self.ran:  # its first-draft totals (position 1 of its record; none: it never drafted)
+            self.priors.note_request(phase, *self.records.get(phase, Counts()).at(0))
+        self.records, self.ran = {}, set()
 
     def mean(self, phase: Phase, depth: int) -> tuple[float, ...]:
         return posterior(self.counts.get(phase, Counts()), self.priors.mean(phase), self.priors.strength(phase),
