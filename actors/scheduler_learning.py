@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from runtime.messages import ActorFailure
+from runtime.messages import ActorFailure, Describe
 from runtime.owner_messages import TimeCell
 from runtime.self_calibration import SELF_CALIBRATED
 
@@ -35,14 +35,33 @@ class ControllerUpkeep:
 
     async def quiet_or_next(self):
         """None once the server has been quiet long enough for a call of the calibration (at once for
-        a calibration of its own, or right after a check call); else the first message to arrive."""
+        a calibration of its own, or right after a check call); else the first message to arrive. A
+        question about the state (/health) is answered at once and breaks no quiet: a monitor polling
+        /health every 0.2 s kept a fresh server's check from ever running."""
         if not self.calibration.checks or (self.checked_last and self.inbox.empty()):
             return None  # a message already waiting is taken below, at once
-        try:
-            async with asyncio.timeout(CHECK_QUIET_S):
-                return await self.inbox.get()  # a cancelled get leaves the queue's items in place
-        except TimeoutError:
-            return None
+        deadline = asyncio.get_running_loop().time() + CHECK_QUIET_S
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await self.inbox.get()  # a cancelled get leaves the queue's items in place
+            except TimeoutError:
+                return None
+            if not isinstance(item[0], Describe):
+                return item
+            await self.dispatch(*item)
+
+    async def work_arrived(self) -> bool:
+        """Whether work arrived in the inbox (questions about the state are answered here, in order,
+        and left out): a check call during which it arrived shared the machine with its admission."""
+        items = [self.inbox.get_nowait() for _ in range(self.inbox.qsize())]
+        questions = [item for item in items if isinstance(item[0], Describe)]
+        for item in items:  # the rest back in their order, before anything can arrive
+            if not isinstance(item[0], Describe):
+                self.inbox.put_nowait(item)
+        for item in questions:
+            await self.dispatch(*item)
+        return len(questions) < len(items)
 
     async def calibrate_one(self) -> None:
         """One call of the self-calibration: a measurement for the controller where it checks a prior
@@ -56,7 +75,7 @@ class ControllerUpkeep:
             self.log.warning("self_calibration_failed", error=str(e))
             return
         if cal.checks:
-            self.checked_last = self.inbox.empty()
+            self.checked_last = not await self.work_arrived()
             if not self.checked_last:  # something arrived during it: not a measurement, timed again later
                 return
         cal.record(cell, timed.ms, timed.joules)

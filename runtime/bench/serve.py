@@ -4,7 +4,9 @@ Each run is a fresh `metrale serve` subprocess on loopback (the converted defaul
 empty cache folder, so no cost table learned by an earlier run is found; the shipped one may be),
 driven with the official openai client: greedy non-streaming chat completions over the held-out
 prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two untimed
-warm-up requests. Every run's server is up at once (an idle one costs nothing), and each prompt
+warm-up requests and its start-up check of its cost prior (seconds, in its idle moments; the next
+server starts after it, so no check times its cells beside another server's loading). Every run's
+server is up at once (an idle one costs nothing), and each prompt
 goes to every run's legs back to back: the runs in an order rotated from one prompt to the next,
 each run's two legs adjacent, plain first for every other prompt, so a slow spell of this shared
 machine hits every run alike, each ratio compares times taken seconds apart, and neither leg

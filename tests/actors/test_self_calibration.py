@@ -8,7 +8,7 @@ import pytest
 from actors.scheduler import Scheduler
 from runtime.controller import Learning, OnlineController
 from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
-from runtime.messages import Admitted, Finished, SamplingParams
+from runtime.messages import Admitted, Describe, Finished, SamplingParams
 from runtime.owner_messages import CellTimed, Decode, TimeCell
 from runtime.modes import SerialMode
 from runtime.online_cost import OnlineCostModel
@@ -179,5 +179,41 @@ async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement(
     assert first_call < prefill
     assert owner.commands.count("TimeCell") == check.total + 1  # the dropped call, timed again
     assert all(len(samples) == CHECK_REPEATS for cell, samples in check.samples.items() if cell[2])
+    for actor in reversed(actors):
+        await actor.close()
+
+
+async def test_a_monitor_polling_health_neither_holds_off_a_check_nor_spoils_its_calls():
+    """Questions about the state (what /health asks) are answered at once, inside the quiet moment
+    and between calls: polled every 0.05 s, well inside the quiet a check waits for, the check still
+    runs, no call of it is dropped, and every poll is answered."""
+
+    class SlowCells(TimingOwner):
+        async def handle(self, msg):
+            if isinstance(msg, TimeCell):
+                await asyncio.sleep(0.02)
+            return await super().handle(msg)
+
+    owner, streamer, telemetry = SlowCells(), Collector(), Sink()
+    policy = SpeculationPolicy("ngram", 1, "auto")
+    foreign = make_table(meta=META, widths=(1,), depths=(0, 1),
+                         verify=lambda n, k: Cost(ms=50.0 + 20 * k, joules=1.0),
+                         draft=lambda n, k: Cost(ms=2.0 * k, joules=0.04 * k),
+                         calibration=AcceptanceCalibration(by_depth=(0.3,)))
+    policy.use_controller(OnlineController(OnlineCostModel(foreign, "foreign-shipped"), max_k=1, slack=0.1,
+                                           mtp_max_seqs=32))
+    check = SelfCalibration(META, max_k=1, widths=(1,), checks=True)
+    learning = Learning(save=lambda costs: None, calibration=check, make_controller=None)
+    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, learning=learning)
+    actors = [owner, streamer, telemetry, scheduler]
+    for actor in actors:
+        actor.start()
+    answers = []
+    async with asyncio.timeout(10):
+        while scheduler.calibration is not None:
+            answers.append(await scheduler.ask(Describe()))
+            await asyncio.sleep(0.05)
+    assert owner.commands.count("TimeCell") == check.total  # none dropped, none timed twice
+    assert len(answers) > 5 and answers[0]["self_calibration"]["role"] == "checks the prior"
     for actor in reversed(actors):
         await actor.close()
