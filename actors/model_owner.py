@@ -302,8 +302,8 @@ class ModelOwner(Actor):
 
             self.timer = CellTimer(self.engine, self.info.drafter, self.spec.num_draft_tokens,
                                    open_meter(self.spec.watts_per_core), self.info.vocab_size)
-        ms, joules, cpu_ms = self.timer.time(msg.kind, msg.width, msg.depth)
-        return CellTimed(ms=ms, joules=joules, cpu_ms=cpu_ms)
+        ms, joules = self.timer.time(msg.kind, msg.width, msg.depth)
+        return CellTimed(ms=ms, joules=joules)
 
     def _verify_batch(self, msg: VerifyBatch) -> VerifiedBatch:
         from kernels.batch_engine import step_rows

@@ -78,8 +78,7 @@ class ControllerUpkeep:
             self.checked_last = not await self.work_arrived()
             if not self.checked_last:  # something arrived during it: not a measurement, timed again later
                 return
-        if not cal.record(cell, timed.ms, timed.joules, timed.cpu_ms):
-            return  # it ran short of CPU (other work on the cores): timed again
+        cal.record(cell, timed.ms, timed.joules)
         if cal.checks:
             if cal.measures(cell) and (controller := self.policy.controller) is not None:
                 controller.costs.observe(kind, width, depth, timed.ms, timed.joules)

@@ -24,14 +24,13 @@ class CellTimer:
     def context_of(vocab_size: int) -> tuple[int, ...]:
         return tuple((1000 + i) % vocab_size for i in range(CONTEXT_TOKENS))
 
-    def time(self, kind: str, width: int, depth: int) -> tuple[float, float, float]:
-        """(wall ms, joules, this process's CPU ms) of one call of the cell's probe: CPU time per wall
-        ms falls when other work shares the cores (runtime/self_calibration.py reads it)."""
+    def time(self, kind: str, width: int, depth: int) -> tuple[float, float]:
+        """(wall ms, joules) of one call of the cell's probe."""
         probe = self._probe(kind, width)
-        before, cpu, started = self.meter.read(), time.process_time(), time.perf_counter()
+        before, started = self.meter.read(), time.perf_counter()
         probe(depth)
         ms = (time.perf_counter() - started) * 1e3
-        return ms, self.meter.read().since(before), (time.process_time() - cpu) * 1e3
+        return ms, self.meter.read().since(before)
 
     def _probe(self, kind: str, width: int):
         key = (kind, width)

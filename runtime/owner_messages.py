@@ -223,7 +223,6 @@ class TimeCell(Msg, frozen=True):
 class CellTimed(Msg, frozen=True):
     ms: float
     joules: float
-    cpu_ms: float | None = None  # this process's CPU time in the call (None: not read)
 
 
 # --- the model owner's thread, and rank 0 -> the other ranks of a distributed group --------------

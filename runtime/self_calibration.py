@@ -19,12 +19,6 @@ shallowest: a serial server's idle moments come one per request in a bench, and 
 once per round over widths 1, 2 and 4, width 1's depth-1 cell got its first fed measurement after
 ~31 of them, past the whole chat set; now after 6.
 
-A call that ran short of CPU is timed again: where this process's CPU time per wall ms fell below
-STARVED of the best its cell has shown, other work shared the cores (the server waits for quiet on
-its own inbox, and cannot see another process). On a 2-core AMD EPYC, beside one busy core, a
-check read a depth-1 step at 1.31x plain decode where alone it read 1.17x. A machine busy
-throughout is measured as it is: the drops are capped at one per call of the queue.
-
 Pure: the scheduler runs the calls on the model owner and hands each result in.
 """
 
@@ -40,7 +34,6 @@ WIDTHS = (1, 2, 4)
 REPEATS = 3
 CHECK_REPEATS = 6  # the first call of each shape traces: five measurements of each cell are fed
 SELF_CALIBRATED = "self-calibration"
-STARVED = 0.8  # a call whose CPU ms per wall ms fell below this share of its cell's best ran short of CPU
 
 
 def checked_widths(widest: int) -> tuple[int, ...]:
@@ -60,8 +53,6 @@ class SelfCalibration:
         self.queue = self._check_queue(rounds) if checks else cells * rounds
         self.total = len(self.queue)
         self.samples: dict[tuple, list[tuple[float, float]]] = {cell: [] for cell in cells}
-        self.best_cpu_share: dict[tuple, float] = {}  # per cell, the most CPU ms per wall ms a call had
-        self.starved = 0  # calls timed again for running short of CPU
 
     def _check_queue(self, rounds: int) -> list[tuple[str, int, int]]:
         """Per width, per depth from 1 up, `rounds` times: plain, verify at that depth, its draft; a
@@ -85,24 +76,10 @@ class SelfCalibration:
     def next_cell(self) -> tuple[str, int, int] | None:
         return self.queue[0] if self.queue else None
 
-    def record(self, cell: tuple[str, int, int], ms: float, joules: float, cpu_ms: float | None = None) -> bool:
-        """Take the call's result; False where it is not taken (not the cell due, or it ran short of
-        CPU: the cell stays due, to be timed again)."""
-        if not self.queue or self.queue[0] != cell or self._short_of_cpu(cell, ms, cpu_ms):
-            return False
-        self.queue.pop(0)
-        self.samples[cell].append((ms, joules))
-        return True
-
-    def _short_of_cpu(self, cell: tuple[str, int, int], ms: float, cpu_ms: float | None) -> bool:
-        if cpu_ms is None or not ms > 0:
-            return False
-        share, best = cpu_ms / ms, self.best_cpu_share.get(cell, 0.0)
-        self.best_cpu_share[cell] = max(best, share)
-        if share >= STARVED * best or self.starved >= self.total:
-            return False
-        self.starved += 1
-        return True
+    def record(self, cell: tuple[str, int, int], ms: float, joules: float) -> None:
+        if self.queue and self.queue[0] == cell:
+            self.queue.pop(0)
+            self.samples[cell].append((ms, joules))
 
     def table(self) -> CostTable:
         """The medians as a table (only once done)."""
@@ -123,7 +100,6 @@ class SelfCalibration:
 
     def snapshot(self) -> dict:
         return {"running": not self.done, "cells_left": len(self.queue), "cells": self.total,
-                "timed_again_short_of_cpu": self.starved,
                 "role": "checks the prior" if self.checks else "makes the prior"}
 
 
