@@ -143,17 +143,9 @@ def test_a_check_measures_the_shallowest_depth_first():
     assert depth_of_call == sorted(depth_of_call)
 
 
-async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement():
-    """A check waits for a quiet moment, and a call during which a request arrived (its admission
-    shared the machine with the call) is dropped and timed again once the request has been served."""
-
-    class SlowCells(TimingOwner):
-        async def handle(self, msg):
-            if isinstance(msg, TimeCell):
-                await asyncio.sleep(0.05)
-            return await super().handle(msg)
-
-    owner, streamer, telemetry = SlowCells(), Collector(), Sink()
+def _checking_scheduler(owner):
+    """A started serial scheduler whose controller starts from a foreign table and checks it while idle."""
+    streamer, telemetry = Collector(), Sink()
     policy = SpeculationPolicy("ngram", 1, "auto")
     foreign = make_table(meta=META, widths=(1,), depths=(0, 1),
                          verify=lambda n, k: Cost(ms=50.0 + 20 * k, joules=1.0),
@@ -167,6 +159,20 @@ async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement(
     actors = [owner, streamer, telemetry, scheduler]
     for actor in actors:
         actor.start()
+    return owner, streamer, check, scheduler, actors
+
+
+async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement():
+    """A check waits for a quiet moment, and a call during which a request arrived (its admission
+    shared the machine with the call) is dropped and timed again once the request has been served."""
+
+    class SlowCells(TimingOwner):
+        async def handle(self, msg):
+            if isinstance(msg, TimeCell):
+                await asyncio.sleep(0.05)
+            return await super().handle(msg)
+
+    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells())
     async with asyncio.timeout(10):
         while "TimeCell" not in owner.commands:  # the first call starts after the quiet moment
             await asyncio.sleep(0.005)
@@ -194,20 +200,7 @@ async def test_a_monitor_polling_health_neither_holds_off_a_check_nor_spoils_its
                 await asyncio.sleep(0.02)
             return await super().handle(msg)
 
-    owner, streamer, telemetry = SlowCells(), Collector(), Sink()
-    policy = SpeculationPolicy("ngram", 1, "auto")
-    foreign = make_table(meta=META, widths=(1,), depths=(0, 1),
-                         verify=lambda n, k: Cost(ms=50.0 + 20 * k, joules=1.0),
-                         draft=lambda n, k: Cost(ms=2.0 * k, joules=0.04 * k),
-                         calibration=AcceptanceCalibration(by_depth=(0.3,)))
-    policy.use_controller(OnlineController(OnlineCostModel(foreign, "foreign-shipped"), max_k=1, slack=0.1,
-                                           mtp_max_seqs=32))
-    check = SelfCalibration(META, max_k=1, widths=(1,), checks=True)
-    learning = Learning(save=lambda costs: None, calibration=check, make_controller=None)
-    scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, learning=learning)
-    actors = [owner, streamer, telemetry, scheduler]
-    for actor in actors:
-        actor.start()
+    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells())
     answers = []
     async with asyncio.timeout(10):
         while scheduler.calibration is not None:
