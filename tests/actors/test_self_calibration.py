@@ -143,6 +143,19 @@ def test_a_check_measures_the_shallowest_depth_first():
     assert depth_of_call == sorted(depth_of_call)
 
 
+class SlowCells(TimingOwner):
+    """A timing owner whose cell calls take `seconds` of wall time."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    async def handle(self, msg):
+        if isinstance(msg, TimeCell):
+            await asyncio.sleep(self.seconds)
+        return await super().handle(msg)
+
+
 def _checking_scheduler(owner):
     """A started serial scheduler whose controller starts from a foreign table and checks it while idle."""
     streamer, telemetry = Collector(), Sink()
@@ -166,13 +179,7 @@ async def test_a_check_call_during_which_a_request_arrives_is_not_a_measurement(
     """A check waits for a quiet moment, and a call during which a request arrived (its admission
     shared the machine with the call) is dropped and timed again once the request has been served."""
 
-    class SlowCells(TimingOwner):
-        async def handle(self, msg):
-            if isinstance(msg, TimeCell):
-                await asyncio.sleep(0.05)
-            return await super().handle(msg)
-
-    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells())
+    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells(0.05))
     async with asyncio.timeout(10):
         while "TimeCell" not in owner.commands:  # the first call starts after the quiet moment
             await asyncio.sleep(0.005)
@@ -194,13 +201,7 @@ async def test_a_monitor_polling_health_neither_holds_off_a_check_nor_spoils_its
     and between calls: polled every 0.05 s, well inside the quiet a check waits for, the check still
     runs, no call of it is dropped, and every poll is answered."""
 
-    class SlowCells(TimingOwner):
-        async def handle(self, msg):
-            if isinstance(msg, TimeCell):
-                await asyncio.sleep(0.02)
-            return await super().handle(msg)
-
-    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells())
+    owner, streamer, check, scheduler, actors = _checking_scheduler(SlowCells(0.02))
     answers = []
     async with asyncio.timeout(10):
         while scheduler.calibration is not None:
