@@ -47,21 +47,22 @@ class ControllerUpkeep:
                     item = await self.inbox.get()  # a cancelled get leaves the queue's items in place
             except TimeoutError:
                 return None
-            if not isinstance(item[0], Describe):
+            if not _question(item):
                 return item
             await self.dispatch(*item)
 
     async def work_arrived(self) -> bool:
         """Whether work arrived in the inbox (questions about the state are answered here, in order,
         and left out): a check call during which it arrived shared the machine with its admission."""
-        items = [self.inbox.get_nowait() for _ in range(self.inbox.qsize())]
-        questions = [item for item in items if isinstance(item[0], Describe)]
-        for item in items:  # the rest back in their order, before anything can arrive
-            if not isinstance(item[0], Describe):
-                self.inbox.put_nowait(item)
+        questions, work = [], []
+        for _ in range(self.inbox.qsize()):
+            item = self.inbox.get_nowait()
+            (questions if _question(item) else work).append(item)
+        for item in work:  # back in their order, before anything can arrive
+            self.inbox.put_nowait(item)
         for item in questions:
             await self.dispatch(*item)
-        return len(questions) < len(items)
+        return bool(work)
 
     async def calibrate_one(self) -> None:
         """One call of the self-calibration: a measurement for the controller where it checks a prior
@@ -110,3 +111,8 @@ class ControllerUpkeep:
             self.log.info("phase_decision_switched", phase=phase.value, speculates=speculates, width=len(batch))
         if time.monotonic() - self.persisted_at > PERSIST_EVERY_S:
             self.persist()
+
+
+def _question(item) -> bool:
+    """Whether an inbox item asks about the state (/health): answered at once, it is no work."""
+    return isinstance(item[0], Describe)
