@@ -6,8 +6,8 @@ and with speculation on (gate and planner on), both through a real server on loo
 streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
 so it starts from the shipped table as on a new machine and learns as it serves (its start-up
 check of that table, seconds in its idle moments, is let finish before the timed rounds, as on a
-quiet machine). Requests carry `"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which mlx-lm's
-generator does not have) would time which system ran after which. Each width runs --rounds rounds,
+quiet machine). Requests carry `"cache_prompt": false`: the rounds repeat the prompts, and the
+prompt cache (which mlx-lm's generator does not have) would time which system ran after which. Each width runs --rounds rounds,
 the systems back to back in an order from a Williams square (over a few rounds each system runs
 after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is the
 median over rounds of the ratio within each round (paired: a slow spell of this shared machine
