@@ -1,24 +1,24 @@
 """metrale bench batch: aggregate tok/s and inter-token latency at 1..32 concurrent clients.
 
-Side by side in one run, on the default model with the same prompts: mlx-lm's own BatchGenerator
-(no speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request)
-and with speculation on (gate and planner on), both through a real server on loopback with one
-streaming client per request. The server keeps its learned cost tables in a fresh temporary folder,
-so it starts from the shipped table as on a new machine and learns as it serves (its start-up
-check of that table, seconds in its idle moments, is let finish before the timed rounds, as on a
-quiet machine). Requests carry `"cache_prompt": false`: the rounds repeat the prompts, and the
-prompt cache (which mlx-lm's generator does not have) would time which system ran after which. Each width runs --rounds rounds,
-the systems back to back in an order from a Williams square (over a few rounds each system runs
-after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is the
-median over rounds of the ratio within each round (paired: a slow spell of this shared machine
-hits the runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share of the
-"on" server's batch steps that speculated. With --control, speculation off runs a second time
-per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
-machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio
-over the rounds: if the true median ratio were 1.0 or more and rounds were independent, all R
-rounds would fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a width whose whole
-range is below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this
-machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
+Side by side in one run, on the default model with the same prompts: mlx-lm's own BatchGenerator (no
+speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request) and
+with speculation on (gate and planner on), both through a real server on loopback with one streaming
+client per request. The server keeps its learned cost tables in a fresh temporary folder, so it
+starts from the shipped table as on a new machine and learns as it serves (its start-up check of
+that table, seconds in its idle moments, is let finish before the timed rounds, as on a quiet
+machine). Requests carry `"cache_prompt": false`: the rounds repeat the prompts, and the prompt
+cache (which mlx-lm's generator does not have) would time which system ran after which. Each width
+runs --rounds rounds, the systems back to back in an order from a Williams square (over a few rounds
+each system runs after each other one equally often). A system's tok/s and latency pool its rounds;
+a ratio is the median over rounds of the ratio within each round (paired: a slow spell of this
+shared machine hits the runs of one round alike, and one bad round cannot move a median).
+`spec_steps` is the share of the "on" server's batch steps that speculated. With --control,
+speculation off runs a second time per round (`mtp_batch_off_again`): its ratio to the first is that
+of two identical systems, the machine's own noise, to read the other ratios against. `range` is the
+smallest and largest ratio over the rounds: if the true median ratio were 1.0 or more and rounds
+were independent, all R rounds would fall below 1.0 with probability at most 2^-R (3% at 5 rounds),
+so a width whose whole range is below 1.0 is counted as a measured loss (with --control, the A/A row
+shows how far this machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
 min_ratio_on_vs_off=R (the smallest median ratio over the widths) widths_lost_off_vs_batchgen=N
 widths_lost_on_vs_off=N. --plot FILE.png draws tok/s and the ratios against clients.
 """

@@ -6,13 +6,13 @@ driven with the official openai client: greedy non-streaming chat completions ov
 prompt sets (tests/prompts/chat.jsonl, code.jsonl; the first --prompts of each), after two untimed
 warm-up requests and its start-up check of its cost prior (seconds, in its idle moments; the next
 server starts after it, so no check times its cells beside another server's loading). Every run's
-server is up at once (an idle one costs nothing), and each prompt goes to every run's legs back to back: the runs in an order rotated from one prompt to the next,
-each run's two legs adjacent, plain first for every other prompt, so a slow spell of this shared
-machine hits every run alike, each ratio compares times taken seconds apart, and neither leg
-usually goes first. With --repeats R each prompt's legs run R times, the order reversed each
-time, and a leg's time is its fastest (a shared machine's stalls only ever add time; every
-repeat's output is compared with plain decode). Requests carry `"cache_prompt": false`, so each
-computes its prompt as the first repeat did. Runs:
+server is up at once (an idle one costs nothing), and each prompt goes to every run's legs back to
+back: the runs in an order rotated from one prompt to the next, each run's two legs adjacent, plain
+first for every other prompt, so a slow spell of this shared machine hits every run alike, each
+ratio compares times taken seconds apart, and neither leg usually goes first. With --repeats R each
+prompt's legs run R times, the order reversed each time, and a leg's time is its fastest (a shared
+machine's stalls only ever add time; every repeat's output is compared with plain decode). Requests
+carry `"cache_prompt": false`, so each computes its prompt as the first repeat did. Runs:
 - served: the default settings. Every prompt is sent once with speculation and once with
   `disable_mtp`. With --objectives, also one run per other objective named (`served:latency`,
   `served:energy`): the same server settings, its requests carrying that `objective` field.
