@@ -130,10 +130,15 @@ def _check(module) -> None:
 
 def product(x: mx.array, w: mx.array) -> mx.array:
     """x [..., K] @ w[N, K].T by the kernel at the row counts where it won here, else by MLX."""
-    module = _module
-    if module is not None and x.dtype == mx.float32 and w.dtype == mx.float32 and x.size // x.shape[-1] in _rows:
-        return module.rows_matmul(x, w)
+    if takes(x, w):
+        return _module.rows_matmul(x, w)
     return x @ w.T
+
+
+def takes(x: mx.array, w: mx.array) -> bool:
+    """Whether product(x, w) runs on the kernel (where each output is its own dot product, so a
+    product by stacked weights gives each part's outputs bit for bit)."""
+    return _module is not None and x.dtype == mx.float32 and w.dtype == mx.float32 and x.size // x.shape[-1] in _rows
 
 
 def taken_rows() -> frozenset[int]:

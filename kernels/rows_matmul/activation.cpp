@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "strided.h"
 #include "vectors.h"
 
 namespace metrale {
@@ -22,6 +24,21 @@ void swiglu_span(const float* gate, const float* up, float* out, size_t size) {
     store(out + i, g / (1.0f + vexp(-g)) * load(up + i));
   }
   for (; i < size; ++i) out[i] = gate[i] / (1.0f + sexp(-gate[i])) * up[i];
+}
+
+// Whether x's rows can be read in place: each row's values contiguous (its last axis' stride 1).
+bool rows_readable(const mx::array& x) { return x.flags().row_contiguous || x.strides().back() == 1; }
+
+// Row r's first element of x [..., width] whose rows are readable: its row index decomposed over the
+// leading axes' strides.
+const float* row_of(const mx::array& x, size_t r, size_t width) {
+  if (x.flags().row_contiguous) return x.data<float>() + r * width;
+  int64_t offset = 0;
+  for (int d = (int)x.ndim() - 2; d >= 0; --d) {
+    offset += (int64_t)(r % x.shape(d)) * x.strides()[d];
+    r /= x.shape(d);
+  }
+  return x.data<float>() + offset;
 }
 
 class SwiGLU : public mx::Primitive {
@@ -37,7 +54,16 @@ class SwiGLU : public mx::Primitive {
     encoder.set_output_array(out);
     encoder.dispatch([g = mx::array::unsafe_weak_copy(inputs[0]), u = mx::array::unsafe_weak_copy(inputs[1]),
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
-      swiglu_span(g.data<float>(), u.data<float>(), out.data<float>(), out.size());
+      // Row by row: a row's bits never depend on the rows beside it (a flat span would put the
+      // scalar tail elsewhere), and rows may be strided (a split of one product's outputs).
+      size_t width = out.shape(-1), rows = width ? out.size() / width : 0;
+      std::vector<float> g_copy = rows_readable(g) ? std::vector<float>() : gather(g);
+      std::vector<float> u_copy = rows_readable(u) ? std::vector<float>() : gather(u);
+      for (size_t r = 0; r < rows; ++r) {
+        const float* gr = g_copy.empty() ? row_of(g, r, width) : g_copy.data() + r * width;
+        const float* ur = u_copy.empty() ? row_of(u, r, width) : u_copy.data() + r * width;
+        swiglu_span(gr, ur, out.data<float>() + r * width, width);
+      }
     });
   }
 
@@ -52,12 +78,11 @@ class SwiGLU : public mx::Primitive {
 }  // namespace
 
 mx::array swiglu(const mx::array& gate, const mx::array& up) {
-  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape())
+  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape() || gate.ndim() == 0)
     throw std::invalid_argument("swiglu: float32 gate and up of one shape");
   auto stream = mx::default_stream(mx::Device::cpu);
-  // Row-contiguous inputs (products' outputs already are): read as flat buffers.
-  auto flat = [&](const mx::array& x) { return x.flags().row_contiguous ? x : mx::contiguous(x, false, stream); };
-  return mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLU>(stream), {flat(gate), flat(up)});
+  // Inputs go in as they are: strides are known only once they are evaluated (in a compiled graph too).
+  return mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLU>(stream), {gate, up});
 }
 
 }  // namespace metrale

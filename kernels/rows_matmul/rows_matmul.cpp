@@ -21,6 +21,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "realign.h"
+#include "strided.h"
 #include "vectors.h"
 #include "workers.h"
 
@@ -109,20 +110,6 @@ void rows_times_weights(const float* x, const float* w, float* y, int M, int N, 
     int n0 = c * chunk_rows;
     span(x, w, y, M, N, K, n0, std::min(N, n0 + chunk_rows));
   });
-}
-
-// A strided array's elements in row-major order.
-std::vector<float> gather(const mx::array& x) {
-  std::vector<float> out(x.size());
-  std::vector<int> index(x.ndim(), 0);
-  const float* base = x.data<float>();
-  for (size_t i = 0; i < out.size(); ++i) {
-    int64_t offset = 0;
-    for (int d = 0; d < (int)x.ndim(); ++d) offset += (int64_t)index[d] * x.strides()[d];
-    out[i] = base[offset];
-    for (int d = (int)x.ndim() - 1; d >= 0 && ++index[d] == x.shape(d); --d) index[d] = 0;
-  }
-  return out;
 }
 
 class RowsMatmul : public mx::Primitive {

@@ -6,6 +6,8 @@ have their own tests (tests/unit/test_fused_kernels.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 import pytest
 from hypothesis import given, settings
@@ -114,3 +116,77 @@ def test_traces_count_a_new_shapes_first_step_only():
     first = compiled_blocks.traces
     mx.eval(mine(mx.array([[9]]), cache=cache), mine(mx.array([[10, 11, 12]]), cache=cache))  # both seen
     assert first - start == 2 * len(mine.model.layers) and compiled_blocks.traces == first
+
+
+on_the_kernel = pytest.mark.skipif(not rows_matmul.available(), reason=f"rows kernel {rows_matmul.status()}")
+
+
+@contextlib.contextmanager
+def every_row_count_on_the_kernel():
+    saved = rows_matmul._rows
+    rows_matmul._rows = frozenset(range(1, compiled_blocks.MAX_ROWS + 1))
+    try:
+        yield
+    finally:
+        rows_matmul._rows = saved
+
+
+def kernel_twins(seed: int, fused_kernels: bool):
+    """The same random llama twice on the rows kernel, compiled: one with stacked products, one with
+    its stacks taken away (one product a layer each, as before stacking)."""
+    models = [tiny_llama(seed=seed, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=96) for _ in range(2)]
+    for m in models:
+        rows_matmul.install(m)
+        compiled_blocks.install(m, fused_kernels)
+    for layer in models[1].model.layers:
+        object.__setattr__(layer, "_stacks", {})
+    return models
+
+
+@on_the_kernel
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=4),
+       st.booleans())
+def test_stacked_products_keep_every_logit_bit_for_bit(seed, steps, fused_kernels):
+    with every_row_count_on_the_kernel():
+        stacked, separate = kernel_twins(seed, fused_kernels)
+        _same_logits(stacked, separate, [20] + steps)  # a prefill chunk above MAX_ROWS, then decode and verify
+
+
+def _same_logits(stacked, separate, rows_per_step, seed: int = 1) -> None:
+    assert set(stacked.model.layers[0]._stacks) == {"qkv", "gate_up"}
+    caches = make_prompt_cache(stacked), make_prompt_cache(separate)
+    for rows in rows_per_step:
+        step = mx.array([[(seed + 3 * r) % 90 + 2 for r in range(rows)]])
+        assert mx.array_equal(stacked(step, cache=caches[0]), separate(step, cache=caches[1])).item()
+
+
+@on_the_kernel
+def test_the_separate_weights_are_views_of_the_stack():
+    stacked, _ = kernel_twins(2, True)
+    attn = stacked.model.layers[0].self_attn
+    qkv = stacked.model.layers[0]._stacks["qkv"]
+    assert qkv.weight.shape[0] == sum(p.weight.shape[0] for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert mx.array_equal(qkv.weight[:attn.q_proj.weight.shape[0]], attn.q_proj.weight).item()
+    assert all(p.weight is w for p, w in zip((attn.q_proj, attn.k_proj, attn.v_proj), qkv.parts))
+
+
+@on_the_kernel
+def test_weights_loaded_after_stacking_are_the_ones_used():
+    """A stack whose layers took new weights is stale: the products read the layers' own again."""
+    with every_row_count_on_the_kernel():
+        stacked, separate = kernel_twins(6, True)
+        fresh = tiny_llama(seed=99, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=96)
+        for m in (stacked, separate):
+            m.update(fresh.parameters())
+        rows_matmul.swaps += 1  # graphs trace again, as any swap makes them
+        _same_logits(stacked, separate, [3, 1])
+        _same_logits(fresh_compiled(fresh), separate, [3, 1])
+
+
+def fresh_compiled(model):
+    rows_matmul.install(model)
+    compiled_blocks.install(model)
+    return model

@@ -129,6 +129,22 @@ def test_swiglu_rows_are_bit_for_bit_alone():
         assert mx.array_equal(together[:, i], rows_matmul.load().swiglu(gate[:, i], up[:, i])).item()
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 6), st.integers(1, 70), st.sampled_from(["split", "transposed"]))
+def test_swiglu_reads_strided_rows_and_each_is_its_row_alone(seed, rows, width, layout):
+    """A split of one product's outputs (the stacked gate and up of kernels/compiled_blocks.py) hands it
+    rows with a stride; a transposed input has no contiguous rows at all."""
+    both = mx.random.normal((1, rows, 2 * width), key=mx.random.key(seed)) * 4
+    gate, up = both[..., :width], both[..., width:]
+    if layout == "transposed":
+        gate, up = [mx.random.normal((width, rows), key=mx.random.key(seed + i)).T[None] for i in (1, 2)]
+    got = rows_matmul.load().swiglu(gate, up)
+    assert mx.allclose(got, nn.silu(gate) * up, rtol=1e-5, atol=1e-6).item()
+    for i in range(rows):
+        alone = rows_matmul.load().swiglu(mx.array(gate[:, i]), mx.array(up[:, i]))
+        assert mx.array_equal(got[:, i], alone).item()
+
+
 @settings(max_examples=10, deadline=None)
 @given(st.integers(0, 2**16), st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=5),
        st.integers(1, 30))
