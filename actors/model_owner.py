@@ -268,7 +268,8 @@ class ModelOwner(Actor):
 
     def _decode(self, msg: Decode) -> Decoded:
         started = time.perf_counter()
-        tokens = self.engine.decode(msg.seq_ids, (False,) * len(msg.seq_ids))  # lookahead follows the reply
+        # The lookahead is built now and started after the reply (engine.start_ahead says why)
+        tokens = self.engine.decode(msg.seq_ids, msg.lookahead, launch=False)
         logprobs = tuple(self._logprobs(s) for s in msg.seq_ids)
         return Decoded(tokens=tuple(tokens), seconds=time.perf_counter() - started,
                        logprobs=logprobs if any(logprobs) else (), traces=_traces())

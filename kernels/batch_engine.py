@@ -29,9 +29,10 @@ from kernels.sampling import greedy_ids, probs_from_logits, sample
 
 
 class Ahead(NamedTuple):
-    ids: list[str]  # the batch's rows when it started
-    tokens: mx.array  # [rows], computing
+    ids: list[str]  # the batch's rows when it was built
+    tokens: mx.array  # [rows], computing once started
     saved: dict[str, tuple]  # per row: (last, key, counts) before the step, to put back if it is dropped
+    started: bool = True
 
 
 class Batch:
@@ -161,9 +162,10 @@ def step_rows(engine, rows: list[tuple[str, list[int], bool]]) -> list[tuple[int
     return [results[seq_id] for seq_id, _, _ in rows]
 
 
-def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
-    """One plain step for every sequence (tokens in seq_ids order). With `ahead`, the next plain
-    step is started once this one's tokens are read."""
+def plain_rows(engine, seq_ids: list[str], ahead: list[str], launch: bool = True) -> list[int]:
+    """One plain step for every sequence (tokens in seq_ids order). The next plain step of the
+    `ahead` rows is built once this one's tokens are read, and started unless launch is False
+    (start_ahead starts it)."""
     batch = engine.batch
     taken = batch.take_ahead(seq_ids)
     if taken is None:
@@ -177,27 +179,34 @@ def plain_rows(engine, seq_ids: list[str], ahead: bool) -> list[int]:
         state = engine.seqs[s]
         if state.proc is not None:
             note(state, state.step_logits, [values[s]])
-    if ahead:  # after reading: MLX's CPU async_eval runs most of the forward before it returns
-        _start(engine, seq_ids)
+    if ahead and not batch.incoming:  # after reading; nobody joining (a join drops it)
+        _start(engine, ahead, launch)
     return [values[s] for s in seq_ids]
 
 
 def start_ahead(engine, seq_ids: list[str]) -> None:
-    """After a verify step: start the next plain step of these rows (their rollbacks applied first)."""
+    """Start the next plain step of these rows: the one a plain step built for them, or, after a
+    verify step, a new one (their rollbacks applied first)."""
+    built = engine.batch.ahead
+    if built is not None and not built.started and set(built.ids) == set(seq_ids):
+        mx.async_eval(built.tokens)
+        engine.batch.ahead = built._replace(started=True)
+        return
     engine.batch.drop_ahead(engine)
     if engine.batch.incoming or not all(s in engine.seqs for s in seq_ids):
         return  # someone joins at the next step: it will not be this one
     _start(engine, seq_ids)
 
 
-def _start(engine, seq_ids: list[str]) -> None:
+def _start(engine, seq_ids: list[str], launch: bool = True) -> None:
     if any(blocks_lookahead(engine.seqs[s]) for s in seq_ids):
         return  # a grammar's next mask needs this step's tokens read first
     saved = {s: (engine.seqs[s].last, engine.seqs[s].key,
                  engine.seqs[s].proc and engine.seqs[s].proc.snapshot()) for s in seq_ids}
     following = _plain_forward(engine, seq_ids)
-    mx.async_eval(following)
-    engine.batch.ahead = Ahead(list(engine.batch.ids), following, saved)
+    if launch:
+        mx.async_eval(following)
+    engine.batch.ahead = Ahead(list(engine.batch.ids), following, saved, started=launch)
 
 
 def _plain_forward(engine, seq_ids: list[str]) -> mx.array:

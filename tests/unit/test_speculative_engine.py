@@ -321,7 +321,7 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
 
     model = tiny_llama(seed=4)
 
-    def run(ahead: bool) -> dict[str, list[int]]:
+    def run(ahead: bool, launch: bool = True) -> dict[str, list[int]]:
         engine = make_engine(kind, model, batched=True)
         firsts = prefill_group(engine, [("0", PROMPTS[0], 0.0, 1.0, None, True), ("1", PROMPTS[1], 0.9, 1.0, 7, True)])
         outs, done = {"0": [firsts[0]], "1": [firsts[1]]}, {}
@@ -342,14 +342,36 @@ def test_batched_lookahead_leaves_every_token_unchanged(kind):
                 if ahead:  # the scheduler's start_ahead: the next plain step begins at once
                     engine.start_ahead(list(outs))
             else:
-                for s, token in zip(list(outs), engine.decode(list(outs), [ahead] * len(outs))):
+                for s, token in zip(list(outs), engine.decode(list(outs), [ahead] * len(outs), launch=launch)):
                     outs[s].append(token)
+                if ahead and not launch and step % 2:  # the owner starts it after replying; else never started
+                    engine.start_ahead(list(outs))
         return {**outs, **done}
 
     with_lookahead, without = run(True), run(False)
-    assert with_lookahead == without
+    assert with_lookahead == without == run(True, launch=False)
     for s in ("0", "2"):
         assert with_lookahead[s] == plain(model, PROMPTS[int(s)], len(with_lookahead[s]))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_lookahead_built_before_the_reply_is_the_one_started_after_it(batched):
+    """The model owner builds the next plain step before replying (decode with launch=False) and starts
+    it after (start_ahead): started, not built again, and the next decode takes it."""
+    model = tiny_llama(seed=4)
+    engine = make_engine("mtp", model, batched=batched)
+    out = [engine.prefill("s", PROMPTS[1], 0.0, 1.0, None, False)] if not batched else \
+        prefill_group(engine, [("s", PROMPTS[1], 0.0, 1.0, None, True)])
+    out += engine.decode(["s"], [True], launch=False)
+    built = engine.batch.ahead if batched else engine.seqs["s"]
+    tokens = built.tokens if batched else built.pending
+    assert built.started is False if batched else built.pending_started is False
+    engine.start_ahead(["s"])
+    started = engine.batch.ahead if batched else engine.seqs["s"]
+    assert (started.tokens if batched else started.pending) is tokens
+    assert started.started if batched else started.pending_started
+    out += engine.decode(["s"], [False])
+    assert out == plain(model, PROMPTS[1], len(out))
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "mtp"])
