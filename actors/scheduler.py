@@ -124,12 +124,11 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
     async def decode_step(self, batch: list[Sequence]) -> None:
         """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
+        self.costs_of_last_step(batch)
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth, ahead=self.ahead)
         self.consulted = consult(self.policy, batch, choice, depth)
         if choice.step is GateStep.MTP:
-            if self.widening is not None:  # its rows' steps are timed inside it
-                self.costs_of_last_step(batch)
             if self.widening is None or not await self.widening.widen(batch, choice):
                 await self.spec_step(batch, choice)
         elif not choice.ahead and (forced := self.forced_plain(batch)) is not None:
@@ -215,7 +214,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         ids = tuple(s.request_id for s in batch)
         ahead = self.may_look_ahead(batch)
         self.ahead = ahead  # the next step is computing already: it will not explore
-        started, energy = self.step_starts(batch)
+        started, energy = time.perf_counter(), self.meter.read()
         try:
             reply = await self.owner.ask(Decode(seq_ids=ids, lookahead=tuple(ahead and s.remaining > 1 for s in batch)))
         except ActorFailure as e:

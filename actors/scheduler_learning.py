@@ -23,15 +23,6 @@ CHECK_QUIET_S = 0.2
 
 
 class ControllerUpkeep:
-    def step_starts(self, batch) -> tuple[float, object]:
-        """This step's clock (perf_counter, energy) starts, and the last step's cost ends here: a step
-        costs what it takes from its start to the next one's, the scheduler's choosing and tracing
-        between them included. Ended where the next step was chosen, a speculative step's cells
-        missed that Python (no lookahead hides it there) and read a depth-1 step at 1.17x a plain
-        one at width 4 where the served steps took 1.29x (2-core AMD EPYC)."""
-        self.costs_of_last_step(batch)
-        return time.perf_counter(), self.meter.read()
-
     def costs_of_last_step(self, batch) -> None:
         """The controller observes the last step's cost up to now, where nothing else ran since it."""
         if (controller := self.policy.controller) is None:

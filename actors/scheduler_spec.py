@@ -23,7 +23,7 @@ FORCED_MAX = 8  # forced tokens one plain-step forward takes (the cost tables' d
 class SpecStep:
     async def spec_step(self, batch: list[Sequence], choice: StepChoice) -> None:
         """Draft for every eligible sequence, verify all rows in one target forward, roll each back."""
-        started, energy = self.step_starts(batch)
+        started, energy = time.perf_counter(), self.meter.read()
         self.ahead = False  # drafting drops any lookahead step
         try:
             drafts = self.allot(batch, await self.draft_all(batch, choice.depths))
@@ -143,7 +143,7 @@ class SpecStep:
         """A plain step of one sequence whose grammar forces its next tokens: they are verified as
         free drafts, all accepted, so one forward emits them all. Not speculation: no drafter ran, and
         the gate and the acceptance estimates never see it; the verify cell learns its cost."""
-        started, energy = self.step_starts(batch)
+        started, energy = time.perf_counter(), self.meter.read()
         self.ahead = False
         choice = StepChoice(GateStep.MTP, (len(forced.tokens),), pinned=True)
         await self.verify_drafts(batch, choice, [forced], started, energy)

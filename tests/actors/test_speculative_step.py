@@ -1,7 +1,6 @@
 """The scheduler's speculative step with the real drafter (n-gram) and verifier actors."""
 
 import asyncio
-import time
 
 from actors.drafter import Drafter
 from actors.scheduler import Scheduler
@@ -15,12 +14,11 @@ from tests.actors.fakes import CharCodec, Collector, ScriptedSpecOwner, Sink
 SCRIPT = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2, 3]
 
 
-async def run_one(params: SamplingParams, owner=None, table=None, policy=None):
+async def run_one(params: SamplingParams, owner=None, table=None):
     owner = owner or ScriptedSpecOwner({"r": SCRIPT})
     streamer, telemetry = Collector(), Sink()
     drafter, verifier = Drafter("ngram", owner, telemetry), Verifier(owner, telemetry)
-    if policy is None:
-        policy = controlled("force", table) if table is not None else SpeculationPolicy("ngram", 3, "force")
+    policy = controlled("force", table) if table is not None else SpeculationPolicy("ngram", 3, "force")
     scheduler = Scheduler(SerialMode(), owner, streamer, telemetry, CharCodec(), policy, drafter, verifier)
     actors = [owner, streamer, telemetry, drafter, verifier, scheduler]
     for actor in actors:
@@ -75,25 +73,3 @@ async def test_the_planner_decides_depth_inside_the_scheduler():
     owner, cheap = await run_one(SamplingParams(max_tokens=len(SCRIPT)), table=_table([10, 11, 12, 13], 0.9))
     tokens = [t for e in cheap.of("r") if isinstance(e, TokensEmitted) for t in e.token_ids]
     assert tokens == SCRIPT and cheap.terminals()[0].usage.speculation.verify_steps > 0
-
-
-async def test_a_speculative_step_costs_until_the_next_one_starts(monkeypatch):
-    """Choosing and tracing the next step is the scheduler's Python after a verify, which no lookahead
-    hides: the verify cell learns it (a step costs what it takes from one start to the next)."""
-    import actors.scheduler as scheduler_module
-    from tests.unit.test_speculation_policy import _table
-
-    def slow_consult(*args, **kwargs):
-        time.sleep(0.015)
-        return consult(*args, **kwargs)
-
-    consult = scheduler_module.consult
-    monkeypatch.setattr(scheduler_module, "consult", slow_consult)
-    policy = controlled("force", _table([10, 11, 12, 13], 0.9))
-    costs, seen = policy.controller.costs, []
-    observe = costs.observe
-    monkeypatch.setattr(costs, "observe", lambda kind, width, depth, ms, j: (seen.append((kind, depth, ms)),
-                                                                            observe(kind, width, depth, ms, j)))
-    await run_one(SamplingParams(max_tokens=len(SCRIPT)), policy=policy)
-    verifies = [ms for kind, depth, ms in seen if kind == "verify" and depth >= 1]
-    assert verifies and min(verifies) >= 15.0  # the scripted owner verifies at once: the rest is choosing
