@@ -60,7 +60,6 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.persisted_at = time.monotonic()  # when the learned table was last saved
         self.checked_last = False  # the latest turn of the loop ran a check call and nothing arrived in it
         self.ahead = False  # a lookahead plain step is in flight
-        self.decode_started = 0.0  # when the current decode step began (before it was chosen)
         self.traces_seen = 0  # the owner's count of compiled graphs traced, as of its latest step reply
         self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
         self.interleaved = False  # something else (a prefill) ran since it
@@ -126,7 +125,6 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
         self.costs_of_last_step(batch)
-        self.decode_started = time.perf_counter()  # what comes before the step's own clock is its prep
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth, ahead=self.ahead)
         self.consulted = consult(self.policy, batch, choice, depth)

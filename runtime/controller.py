@@ -84,7 +84,6 @@ class OnlineController:
         self.switches: list[tuple[Phase, bool]] = []  # phase decision flips not yet traced
         self.burst_left = 0  # exploring steps left in the current burst
         self.cold_next = False  # the next plain step follows a speculative one with no lookahead in flight
-        self.last_spec = False  # the latest step was speculative
         self.unobserved: StepCost | None = None  # the latest step's costs, until the next one starts
         self.explored_last = False  # the latest speculative step explored
         self.planned = Plan(())  # the latest plan: what an exploring step is charged against
@@ -163,7 +162,7 @@ class OnlineController:
         step after a speculative one is a transition, not a plain step's cost: counting it would make
         plain decode look dearer the more the server speculates (and so speculate more). traced: the
         step paid for tracing a compiled graph (a shape's first use): not its shape's cost either."""
-        self.burst_left, self.last_spec = 0, False
+        self.burst_left = 0
         if traced:
             self.traced_steps += 1
             self.cold_next = False
@@ -197,22 +196,15 @@ class OnlineController:
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
                     draft_width: int, draft_ms: float, draft_j: float, tokens: int, caught_up: int = 0,
-                    traced: bool = False, prep_ms: float = 0.0) -> None:
+                    traced: bool = False) -> None:
         """A speculative step's costs (draft and verify apart) and its wall time in the budget;
-        caught_up: the most tokens one of its drafts first caught up on. prep_ms: the scheduler's time
-        from the step's start to its draft (choosing it, its decision trace), which no lookahead hides;
-        its verify cell counts it where the step before was speculative too (a spell's steady steps:
-        without it the live table read a depth-1 step at width 4 at 1.17x a plain one where served
-        steps took 1.29x; counted at a spell's first step as well, transitions went in and it read
-        1.41x, 2-core AMD EPYC). traced: it paid for tracing a
+        caught_up: the most tokens one of its drafts first caught up on. traced: it paid for tracing a
         compiled graph, once per shape and process, so it is neither its cells' cost nor exploration's
         loss: at width 4 a new shape's first step took 130-190 ms against ~90, one such step overdrew
         the allowance, and code, which pays 1.08x at depth 1 there, was never explored enough to draft."""
         n = len(batch)
-        steady_ms = verify_ms + (prep_ms if self.last_spec else 0.0)
-        self.unobserved = None if traced else StepCost(n, verify_depth, steady_ms, verify_j, draft_width,
+        self.unobserved = None if traced else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
                                                        max(plan.depths), draft_ms, draft_j, caught_up)
-        self.last_spec = True
         self.traced_steps += traced
         if plan.exploring:
             if not traced:

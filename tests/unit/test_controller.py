@@ -313,23 +313,3 @@ def test_a_step_that_traced_a_compiled_graph_teaches_no_cell_and_costs_explorati
     ctl.record_plain(1, 80.0, 1.6)  # an untraced step is learned again
     ctl.step_starting(0.5)
     assert ctl.costs.observations == observed + 1
-
-
-def test_a_spells_steady_steps_count_the_scheduler_time_before_their_draft():
-    """Choosing a step and tracing it comes before its clock; after a verify no lookahead hides it, so
-    a speculative step that follows another counts it. A spell's first step does not: its prep is
-    the transition's (counted there too, the table read depth 1 at 1.41x plain where steps took 1.26x)."""
-    ctl = controller(by_depth=(0.9, 0.9, 0.9))
-    s = seq()
-    plan = ctl.plan([s], [True])
-    spec = dict(verify_depth=max(plan.depths), verify_ms=90.0, verify_j=1.8, draft_width=1, draft_ms=3.0,
-                draft_j=0.06, tokens=2, prep_ms=5.0)
-    counted = []
-    for step in ("spec", "spec", "spec", "plain", "spec"):
-        if step == "plain":
-            ctl.record_plain(1, 60.0, 1.0)
-        else:
-            ctl.record_spec(plan, [s], **spec)
-            counted.append(ctl.unobserved.verify_ms)
-        ctl.step_starting(0.0)
-    assert counted == [90.0, 95.0, 95.0, 90.0]
