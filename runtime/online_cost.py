@@ -51,6 +51,7 @@ Pure: no clock, no I/O. The scheduler passes each step's wall ms and joules in.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -135,6 +136,7 @@ class OnlineCostModel:
         self.observations = 0
         # kind -> level estimates: the kind as a whole, each width, each cell; for ms and joules
         self._levels: dict[tuple, RobustEstimate] = {}
+        self._plain_widths: dict[str, list[int]] = {"ms": [], "j": []}  # widths plain decode was measured at, sorted
         self._table: CostTable | None = None
         self._estimates: CostTable | None = None
         self._optimistic: CostTable | None = None
@@ -165,6 +167,8 @@ class OnlineCostModel:
             return
         self._run = 0
         for unit, x in logs.items():  # the reference: it sets the tempo, and its cells learn what remains
+            if width not in self._plain_widths[unit]:
+                bisect.insort(self._plain_widths[unit], width)
             residual = x - self._plain_shape(unit, width)
             self._follow_tempo(unit, residual)
             if self._held:
@@ -235,7 +239,25 @@ class OnlineCostModel:
         return self._plain_shape(unit, width) + self.tempo[unit]
 
     def _plain_shape(self, unit: str, width: int) -> float:
-        return shrunk(self._levels.get(("verify", unit, width, 0)), shrunk(self._levels.get(("plain", unit)), 0.0))
+        return shrunk(self._levels.get(("verify", unit, width, 0)), self._plain_between(unit, width))
+
+    def _plain_between(self, unit: str, width: int) -> float:
+        """What a width's plain shape leans on before its own steps: interpolated (in log width)
+        between the nearest widths measured on either side, else the nearest one's, else all widths'.
+        The prior's shape across widths is another machine's: leaning on the mean over all widths,
+        a 2-core AMD EPYC read its width-2 plain step (~32 ms; width 1 took 28, width 3 36) at 41 ms
+        from a Xeon's shape, so a ragged batch's width-2 drafts looked cheap, and exploring them paid."""
+        top = shrunk(self._levels.get(("plain", unit)), 0.0)
+        others = [w for w in self._plain_widths[unit] if w != width]
+        i = bisect.bisect_left(others, width)
+        below, above = (others[i - 1] if i else None), (others[i] if i < len(others) else None)
+        own = lambda w: shrunk(self._levels[("verify", unit, w, 0)], top)  # noqa: E731
+        if below is not None and above is not None:
+            t = math.log(width / below) / math.log(above / below)
+            return own(below) + t * (own(above) - own(below))
+        if below is not None or above is not None:
+            return own(below if below is not None else above)
+        return top
 
     def _shape(self, kind: Kind, unit: str, width: int, depth: int) -> float:
         """A speculative cell's log-ratio to the prior beyond plain decode's: what its steps teach."""

@@ -52,13 +52,14 @@ def main(argv: list[str]) -> int:
                         help="mixed: eight everyday and programming prompts; chat, code: the held-out sets")
     parser.add_argument("--control", action="store_true", help="run speculation off twice per round (A/A)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw tok/s and ratios against clients")
+    parser.add_argument("--traces", metavar="FILE.jsonl", help="save the server's step traces (/v1/traces) at the end")
     args = parser.parse_args(argv)
     if args.plot:
         _plot.pyplot(parser.prog)  # fail before measuring, not after
     widths = [int(w) for w in args.widths.split(",")]
     systems = SYSTEMS + (CONTROL,) if args.control else SYSTEMS
     return asyncio.run(run(widths, args.max_tokens, args.rounds, args.port, prompt_texts(args.prompts), systems,
-                           args.plot))
+                           args.plot, args.traces))
 
 
 def prompt_texts(name: str) -> list[str]:
@@ -73,14 +74,22 @@ CONTROL = "mtp_batch_off_again"
 
 
 async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS,
-              systems: tuple[str, ...] = SYSTEMS, plot_path: str | None = None) -> int:
+              systems: tuple[str, ...] = SYSTEMS, plot_path: str | None = None,
+              traces_path: str | None = None) -> int:
     import tempfile
 
     from runtime.bench.serving import LoopbackServer
 
     with tempfile.TemporaryDirectory() as fresh:  # no learned table: the server starts as on a new machine
         async with LoopbackServer(max(widths), port, learned_dir=fresh) as server, _mlx_worker() as worker:
-            return await _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path)
+            code = await _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path)
+            if traces_path:
+                from pathlib import Path
+
+                from runtime.bench.serve import save_traces
+
+                await asyncio.to_thread(save_traces, server.url, Path(traces_path))
+            return code
 
 
 @contextlib.asynccontextmanager

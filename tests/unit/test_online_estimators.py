@@ -250,6 +250,23 @@ def test_the_planners_table_follows_observations_every_few_steps_and_the_saved_o
     assert costs.table().verify_cost(1, 0).ms != built
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.4, 2.5), st.floats(0.4, 2.5), st.sampled_from([2, 3]))
+def test_an_unmeasured_width_reads_plain_decode_between_its_measured_neighbours(narrow, wide, width):
+    """The prior's shape across widths is another machine's: a width this server has not decoded at
+    reads plain decode's ratio to the prior between those of the widths measured on either side
+    (here 1 and 4), not their mean over all widths, and its speculative cells follow it."""
+    costs = OnlineCostModel(prior_table(), "test")
+    for _ in range(80):
+        costs.observe("verify", 1, 0, costs.prior.verify_cost(1, 0).ms * narrow, 1.0)
+        costs.observe("verify", 4, 0, costs.prior.verify_cost(4, 0).ms * wide, 1.0)
+    ratio = costs.ratio("verify", "ms", width, 0)
+    assert min(narrow, wide) * 0.97 <= ratio <= max(narrow, wide) * 1.03
+    exact = math.exp(math.log(narrow) + math.log(width) / math.log(4) * (math.log(wide) - math.log(narrow)))
+    assert math.isclose(ratio, exact, rel_tol=0.06)  # the tempo follows the latest few steps' widths
+    assert math.isclose(costs.ratio("verify", "ms", width, 2), ratio, rel_tol=1e-9)  # nothing drafted: plain's
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0.6, 1.7), st.floats(1.0, 1.6), st.integers(0, 2**31))
 def test_a_change_of_the_machines_speed_does_not_bias_a_cell_measured_before_it(speed, ratio, seed):
