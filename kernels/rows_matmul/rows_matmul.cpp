@@ -48,9 +48,14 @@ inline void block(const float* x, const float* w, float* y, int N, int K, int n)
   vf acc[XR][WR];
   for (int r = 0; r < XR; ++r)
     for (int j = 0; j < WR; ++j) acc[r][j] = vf{};
+  // The next block's weight rows are asked for while this one computes, without keeping them in the
+  // caches (locality 0): a block reads only a few KB of each row, too short a stream for the hardware
+  // prefetcher to be ahead, so each block waited for memory before computing.
+  const float* next = w + (size_t)std::min(n + WR, N - WR) * K;  // the last block asks for itself
   int k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     vf wv[WR];
+    for (int j = 0; j < WR; ++j) __builtin_prefetch(next + (size_t)j * K + k, 0, 0);
     for (int j = 0; j < WR; ++j) wv[j] = load(w + (size_t)(n + j) * K + k);
     for (int r = 0; r < XR; ++r) {
       vf xv = load(x + (size_t)r * K + k);
