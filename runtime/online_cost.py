@@ -245,8 +245,8 @@ class OnlineCostModel:
         """What a width's plain shape leans on before its own steps: interpolated (in log width)
         between the nearest widths measured on either side, else the nearest one's, else all widths'.
         The prior's shape across widths is another machine's: leaning on the mean over all widths,
-        a 2-core AMD EPYC read its width-2 plain step (~32 ms; width 1 took 28, width 3 36) at 41 ms
-        from a Xeon's shape, so a ragged batch's width-2 drafts looked cheap, and exploring them paid."""
+        a 2-core AMD EPYC read its width-2 plain step at 41 ms from a Xeon's shape where width 1 took
+        28 and width 3 36, so a ragged batch's width-2 drafts looked cheap against it."""
         top = shrunk(self._levels.get(("plain", unit)), 0.0)
         others = [w for w in self._plain_widths[unit] if w != width]
         i = bisect.bisect_left(others, width)

@@ -20,7 +20,8 @@ were independent, all R rounds would fall below 1.0 with probability at most 2^-
 so a width whose whole range is below 1.0 is counted as a measured loss (with --control, the A/A row
 shows how far this machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
 min_ratio_on_vs_off=R (the smallest median ratio over the widths) widths_lost_off_vs_batchgen=N
-widths_lost_on_vs_off=N. --plot FILE.png draws tok/s and the ratios against clients.
+widths_lost_on_vs_off=N. --plot FILE.png draws tok/s and the ratios against clients; --traces FILE.jsonl
+saves the server's step decisions (/v1/traces) at the end, both systems' steps, for reading what it chose.
 """
 
 from __future__ import annotations

@@ -20,8 +20,14 @@ def test_ratios_pair_runs_by_round_and_take_the_median():
                     "widths_lost_off_vs_batchgen=1 widths_lost_on_vs_off=0")
 
 
-def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys):
-    assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1", "--control"]) == 0
+def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys, tmp_path):
+    traces = tmp_path / "steps.jsonl"
+    assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1", "--control",
+                       "--traces", str(traces)]) == 0
+    import json
+
+    steps = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert steps[0]["type"] == "header" and {s["width"] for s in steps[1:] if s["type"] == "step"} >= {1, 2}
     out = capsys.readouterr().out.strip().splitlines()
     last = re.fullmatch(r"min_ratio_off_vs_batchgen=(\d+\.\d+) min_ratio_on_vs_off=(\d+\.\d+) "
                         r"widths_lost_off_vs_batchgen=([0-2]) widths_lost_on_vs_off=([0-2])", out[-1])
