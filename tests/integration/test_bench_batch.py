@@ -1,6 +1,7 @@
 """metrale bench batch end to end at two small widths: the three systems each run every round, the
 table has a row per (width, system) and the last line carries both ratios."""
 
+import json
 import re
 from collections import Counter
 
@@ -24,8 +25,6 @@ def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys, tmp_p
     traces = tmp_path / "steps.jsonl"
     assert batch.main(["--widths", "1,2", "--max-tokens", "4", "--rounds", "1", "--control",
                        "--traces", str(traces)]) == 0
-    import json
-
     steps = [json.loads(line) for line in traces.read_text().splitlines()]
     assert steps[0]["type"] == "header" and {s["width"] for s in steps[1:] if s["type"] == "step"} >= {1, 2}
     out = capsys.readouterr().out.strip().splitlines()
