@@ -29,6 +29,7 @@ swapping the rows kernel in or out bumps `rows_matmul.swaps`, and the layers tra
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import kernels  # noqa: F401  (BLAS before mlx)
@@ -40,7 +41,7 @@ from mlx_lm.models.llama import TransformerBlock
 
 from kernels import rows_matmul
 from kernels.mtp_head import MTPBlock
-from kernels.tree_verify import Positions
+from kernels.tree_verify import PositionedRope, Positions
 
 MAX_ROWS = 16  # rows per sequence a compiled step takes; more (a prefill chunk) runs the stock layer
 # Graphs traced so far in this process: a compiled part's Python body runs only when it traces (a new
@@ -146,6 +147,13 @@ def _parts(block: TransformerBlock):
     attn = block.self_attn
 
     def before(x: mx.array, offset: mx.array):
+        fused, angles = _fused_kernels(block), _rope_angles(block, offset)
+        if fused is not None and angles is not None and _fused_norms(block, x):
+            norm = block.input_layernorm
+            q, k, v = _products(block, "qkv", fused.rms_norm(x, norm.weight, norm.eps),
+                                (attn.q_proj, attn.k_proj, attn.v_proj))
+            return tuple(fused.heads_rope(q, k, v, offset, angles, attn.n_heads, attn.n_kv_heads,
+                                          _rope(attn).traditional))
         batch, rows, _ = x.shape
         h = block.input_layernorm(x)
         q, k, v = _products(block, "qkv", h, (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -155,10 +163,44 @@ def _parts(block: TransformerBlock):
         return attn.rope(q, offset=offset), attn.rope(k, offset=offset), v
 
     def after(x: mx.array, output: mx.array):
+        fused = _fused_kernels(block)
+        if fused is not None and _fused_norms(block, x):
+            norm = block.post_attention_layernorm
+            h, normed = fused.add_rms_norm(x, attn.o_proj(output), norm.weight, norm.eps)
+            return h + _mlp(block, normed)
         h = x + attn.o_proj(output)
         return h + _mlp(block, block.post_attention_layernorm(h))
 
     return before, after
+
+
+def _fused_norms(block, x: mx.array) -> bool:
+    """Whether the fused kernels take the layer's norms (each one node, not MLX's three on the CPU)."""
+    norms = (block.input_layernorm, block.post_attention_layernorm)
+    return x.dtype == mx.float32 and all(type(n) is nn.RMSNorm and n.weight.dtype == mx.float32 for n in norms)
+
+
+def _rope(attn):
+    rope = attn.rope
+    return rope.inner if isinstance(rope, PositionedRope) else rope  # a tree's wrapper: the same RoPE
+
+
+def _rope_angles(block, offset) -> mx.array | None:
+    """The fused heads_rope's angle per position for each rotated pair (MLX's fast.rope's, to the
+    last bit or so: exp(-i log(base) / half) * scale), where the layer's RoPE is mlx's plain one and
+    positions run on from an offset (a tree's per-token positions do not); else None."""
+    rope = _rope(block.self_attn)
+    if type(rope) is not nn.RoPE or not isinstance(offset, mx.array):
+        return None
+    key = (rope.dims, rope.base, rope.scale)
+    cached = getattr(block, "_rope_inv_freq", None)
+    if cached is None or cached[0] != key:
+        half = rope.dims // 2
+        angles = mx.exp(-mx.arange(half, dtype=mx.float32) * (math.log(rope.base) / half)) * rope.scale
+        mx.eval(angles)
+        cached = (key, angles)
+        object.__setattr__(block, "_rope_inv_freq", cached)  # a plain attribute: not a parameter
+    return cached[1]
 
 
 def install(model: nn.Module, fused_kernels: bool = True) -> int:

@@ -26,21 +26,6 @@ void swiglu_span(const float* gate, const float* up, float* out, size_t size) {
   for (; i < size; ++i) out[i] = gate[i] / (1.0f + sexp(-gate[i])) * up[i];
 }
 
-// Whether x's rows can be read in place: each row's values contiguous (its last axis' stride 1).
-bool rows_readable(const mx::array& x) { return x.flags().row_contiguous || x.strides().back() == 1; }
-
-// Row r's first element of x [..., width] whose rows are readable: its row index decomposed over the
-// leading axes' strides.
-const float* row_of(const mx::array& x, size_t r, size_t width) {
-  if (x.flags().row_contiguous) return x.data<float>() + r * width;
-  int64_t offset = 0;
-  for (int d = (int)x.ndim() - 2; d >= 0; --d) {
-    offset += (int64_t)(r % x.shape(d)) * x.strides()[d];
-    r /= x.shape(d);
-  }
-  return x.data<float>() + offset;
-}
-
 class SwiGLU : public mx::Primitive {
  public:
   explicit SwiGLU(mx::Stream stream) : mx::Primitive(stream) {}
@@ -56,14 +41,10 @@ class SwiGLU : public mx::Primitive {
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
       // Row by row: a row's bits never depend on the rows beside it (a flat span would put the
       // scalar tail elsewhere), and rows may be strided (a split of one product's outputs).
-      size_t width = out.shape(-1), rows = width ? out.size() / width : 0;
-      std::vector<float> g_copy = rows_readable(g) ? std::vector<float>() : gather(g);
-      std::vector<float> u_copy = rows_readable(u) ? std::vector<float>() : gather(u);
-      for (size_t r = 0; r < rows; ++r) {
-        const float* gr = g_copy.empty() ? row_of(g, r, width) : g_copy.data() + r * width;
-        const float* ur = u_copy.empty() ? row_of(u, r, width) : u_copy.data() + r * width;
-        swiglu_span(gr, ur, out.data<float>() + r * width, width);
-      }
+      size_t width = out.shape(-1);
+      Rows gate_rows(g), up_rows(u);
+      for (size_t r = 0; r < gate_rows.count(); ++r)
+        swiglu_span(gate_rows[r], up_rows[r], out.data<float>() + r * width, width);
     });
   }
 

@@ -20,6 +20,7 @@
 #include "mlx/primitives.h"
 #include "activation.h"
 #include "attention.h"
+#include "layer_ops.h"
 #include "realign.h"
 #include "strided.h"
 #include "vectors.h"
@@ -172,5 +173,9 @@ NB_MODULE(_rows_matmul, m) {
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
   m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up"));
+  m.def("rms_norm", &metrale::rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
+  m.def("add_rms_norm", &metrale::add_rms_norm, nb::arg("x"), nb::arg("r"), nb::arg("weight"), nb::arg("eps"));
+  m.def("heads_rope", &metrale::heads_rope, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("offset"),
+        nb::arg("inv_freq"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("traditional"));
   m.def("shift_rows", &metrale::shift_rows, nb::arg("x"), nb::arg("shifts"), nb::arg("end"));
 }
