@@ -107,15 +107,21 @@ def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache
     return output.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
 
 
-def _mlp(block, x: mx.array) -> mx.array:
-    """The block's MLP (llama's, or the MTP head's of the same form: down(silu(gate x) * up x)), its
-    SwiGLU on the fused kernel (kernels/rows_matmul/activation.cpp) where the layer was installed with it."""
+def _mlp(block, x: mx.array, residual: mx.array | None = None) -> mx.array:
+    """The block's MLP (llama's, or the MTP head's of the same form: down(silu(gate x) * up x)), plus the
+    residual where one is given, its SwiGLU on the fused kernel (kernels/rows_matmul/activation.cpp)
+    where the layer was installed with it; there the stacked gate and up product goes to the SwiGLU
+    whole, and the residual is added by the down product's kernel call (the same rounding, one node)."""
     mlp = block.mlp
     fused = _fused_kernels(block)
     if fused is None or x.dtype != mx.float32:
-        return mlp(x)
-    gate, up = _products(block, "gate_up", x, (mlp.gate_proj, mlp.up_proj))
-    return mlp.down_proj(fused.swiglu(gate, up))
+        return mlp(x) if residual is None else residual + mlp(x)
+    stacked = _stacked_product(block, "gate_up", x, (mlp.gate_proj, mlp.up_proj))
+    activated = fused.swiglu(stacked) if stacked is not None else fused.swiglu(mlp.gate_proj(x), mlp.up_proj(x))
+    down = mlp.down_proj
+    if residual is not None and type(down) is rows_matmul.RowsLinear:
+        return rows_matmul.product(activated, down.weight, residual)
+    return down(activated) if residual is None else residual + down(activated)
 
 
 def _fused_kernels(block):
@@ -150,10 +156,11 @@ def _parts(block: TransformerBlock):
         fused, angles = _fused_kernels(block), _rope_angles(block, offset)
         if fused is not None and angles is not None and _fused_norms(block, x):
             norm = block.input_layernorm
-            q, k, v = _products(block, "qkv", fused.rms_norm(x, norm.weight, norm.eps),
-                                (attn.q_proj, attn.k_proj, attn.v_proj))
-            return tuple(fused.heads_rope(q, k, v, offset, angles, attn.n_heads, attn.n_kv_heads,
-                                          _rope(attn).traditional))
+            normed = fused.rms_norm(x, norm.weight, norm.eps)
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+            stacked = _stacked_product(block, "qkv", normed, projections)  # split by the kernel: no node
+            qkv = [stacked] if stacked is not None else [p(normed) for p in projections]
+            return tuple(fused.heads_rope(qkv, offset, angles, attn.n_heads, attn.n_kv_heads, _rope(attn).traditional))
         batch, rows, _ = x.shape
         h = block.input_layernorm(x)
         q, k, v = _products(block, "qkv", h, (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -167,7 +174,7 @@ def _parts(block: TransformerBlock):
         if fused is not None and _fused_norms(block, x):
             norm = block.post_attention_layernorm
             h, normed = fused.add_rms_norm(x, attn.o_proj(output), norm.weight, norm.eps)
-            return h + _mlp(block, normed)
+            return _mlp(block, normed, residual=h)
         h = x + attn.o_proj(output)
         return h + _mlp(block, block.post_attention_layernorm(h))
 
@@ -272,10 +279,19 @@ def _fresh(stack: Stacked | None, parts) -> bool:
 def _products(block, name: str, x: mx.array, parts) -> list[mx.array]:
     """Each layer's product of x: one kernel call by their stack where it is fresh and the kernel takes
     these rows, else one call each (the stock path keeps its own products, bit for bit)."""
+    stacked = _stacked_product(block, name, x, parts)
+    if stacked is None:
+        return [p(x) for p in parts]
+    return mx.split(stacked, list(block._stacks[name].splits), axis=-1)
+
+
+def _stacked_product(block, name: str, x: mx.array, parts) -> mx.array | None:
+    """x by the named stack of the block's weights (the parts' outputs side by side), where it is fresh
+    and the kernel takes these rows; else None."""
     stack = (getattr(block, "_stacks", None) or {}).get(name)
-    if _fresh(stack, parts) and rows_matmul.takes(x, stack.weight):
-        return mx.split(rows_matmul.product(x, stack.weight), list(stack.splits), axis=-1)
-    return [p(x) for p in parts]
+    if not _fresh(stack, parts) or not rows_matmul.takes(x, stack.weight):
+        return None
+    return rows_matmul.product(x, stack.weight)
 
 
 def fused(model: nn.Module) -> bool:

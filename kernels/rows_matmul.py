@@ -128,11 +128,12 @@ def _check(module) -> None:
         raise RuntimeError("the built kernel disagrees with mx.matmul")
 
 
-def product(x: mx.array, w: mx.array) -> mx.array:
-    """x [..., K] @ w[N, K].T by the kernel at the row counts where it won here, else by MLX."""
+def product(x: mx.array, w: mx.array, residual: mx.array | None = None) -> mx.array:
+    """x [..., K] @ w[N, K].T (plus the residual, where given: the same rounding) by the kernel at the row
+    counts where it won here, else by MLX."""
     if takes(x, w):
-        return _module.rows_matmul(x, w)
-    return x @ w.T
+        return _module.rows_matmul(x, w, residual)
+    return x @ w.T if residual is None else residual + x @ w.T
 
 
 def takes(x: mx.array, w: mx.array) -> bool:

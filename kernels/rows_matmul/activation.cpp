@@ -5,6 +5,7 @@
 #include "activation.h"
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -34,17 +35,22 @@ class SwiGLU : public mx::Primitive {
     mx::array& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(inputs[0]);
-    encoder.set_input_array(inputs[1]);
+    for (auto& x : inputs) encoder.set_input_array(x);
     encoder.set_output_array(out);
-    encoder.dispatch([g = mx::array::unsafe_weak_copy(inputs[0]), u = mx::array::unsafe_weak_copy(inputs[1]),
-                      out = mx::array::unsafe_weak_copy(out)]() mutable {
+    std::vector<mx::array> held;
+    for (auto& x : inputs) held.push_back(mx::array::unsafe_weak_copy(x));
+    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out)]() mutable {
       // Row by row: a row's bits never depend on the rows beside it (a flat span would put the
-      // scalar tail elsewhere), and rows may be strided (a split of one product's outputs).
+      // scalar tail elsewhere), and rows may be strided (a split of one product's outputs). One input:
+      // the stacked gate and up product, each row's gate values then its up values.
       size_t width = out.shape(-1);
-      Rows gate_rows(g), up_rows(u);
-      for (size_t r = 0; r < gate_rows.count(); ++r)
-        swiglu_span(gate_rows[r], up_rows[r], out.data<float>() + r * width, width);
+      Rows gate_rows(held[0]);
+      std::optional<Rows> up_rows;
+      if (held.size() > 1) up_rows.emplace(held[1]);
+      for (size_t r = 0; r < gate_rows.count(); ++r) {
+        const float* up = up_rows ? (*up_rows)[r] : gate_rows[r] + width;
+        swiglu_span(gate_rows[r], up, out.data<float>() + r * width, width);
+      }
     });
   }
 
@@ -58,12 +64,20 @@ class SwiGLU : public mx::Primitive {
 
 }  // namespace
 
-mx::array swiglu(const mx::array& gate, const mx::array& up) {
-  if (gate.dtype() != mx::float32 || up.dtype() != mx::float32 || gate.shape() != up.shape() || gate.ndim() == 0)
-    throw std::invalid_argument("swiglu: float32 gate and up of one shape");
+mx::array swiglu(const mx::array& gate, const std::optional<mx::array>& up) {
+  if (gate.dtype() != mx::float32 || gate.ndim() == 0)
+    throw std::invalid_argument("swiglu: float32 gate and up of one shape, or gate and up stacked");
   auto stream = mx::default_stream(mx::Device::cpu);
   // Inputs go in as they are: strides are known only once they are evaluated (in a compiled graph too).
-  return mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLU>(stream), {gate, up});
+  if (!up) {
+    if (gate.shape(-1) % 2 != 0) throw std::invalid_argument("swiglu: a stacked gate and up of even width");
+    mx::Shape shape = gate.shape();
+    shape.back() /= 2;
+    return mx::array(shape, mx::float32, std::make_shared<SwiGLU>(stream), {gate});
+  }
+  if (up->dtype() != mx::float32 || gate.shape() != up->shape())
+    throw std::invalid_argument("swiglu: float32 gate and up of one shape, or gate and up stacked");
+  return mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLU>(stream), {gate, *up});
 }
 
 }  // namespace metrale

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 
 #include "mlx/backend/cpu/encoder.h"
@@ -113,27 +114,36 @@ class HeadsRope : public mx::Primitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto work = [hq = q_heads_, hkv = kv_heads_, traditional = traditional_](auto& in, auto& out) {
-      int B = in[0].shape(0), L = in[0].shape(1), D = in[0].shape(2) / hq, half = in[4].size();
-      Rows q(in[0]), k(in[1]), v(in[2]);
-      const float* inv_freq = in[4].template data<float>();
+      // Inputs: q, k and v, or their stacked product; then the offsets and the angles.
+      size_t parts = in.size() - 2;
+      const mx::array &offsets = in[parts], &angles = in[parts + 1];
+      int B = in[0].shape(0), L = in[0].shape(1), D = in[0].shape(2) / (parts == 3 ? hq : hq + 2 * hkv);
+      int half = angles.size();
+      Rows q(in[0]);
+      std::optional<Rows> k, v;
+      if (parts == 3) k.emplace(in[1]), v.emplace(in[2]);
+      const float* inv_freq = angles.template data<float>();
       std::vector<float> cosines(half), sines(half);
       for (int b = 0; b < B; ++b) {
         for (int l = 0; l < L; ++l) {
-          float position = (float)(offset_of(in[3], b) + l);
+          float position = (float)(offset_of(offsets, b) + l);
           for (int i = 0; i < half; ++i) {
             float angle = position * inv_freq[i];
             cosines[i] = std::cos(angle);
             sines[i] = std::sin(angle);
           }
           size_t r = (size_t)b * L + l;
+          const float* q_row = q[r];
+          const float* k_row = k ? (*k)[r] : q_row + (size_t)hq * D;
+          const float* v_row = v ? (*v)[r] : k_row + (size_t)hkv * D;
           auto head = [&](mx::array& y, int heads, int h) {  // row l of head h in [B, H, L, D]
             return y.template data<float>() + (((size_t)b * heads + h) * L + l) * D;
           };
           const float *c = cosines.data(), *s = sines.data();
-          for (int h = 0; h < hq; ++h) rotate(q[r] + h * D, head(out[0], hq, h), c, s, half, D, traditional);
+          for (int h = 0; h < hq; ++h) rotate(q_row + h * D, head(out[0], hq, h), c, s, half, D, traditional);
           for (int h = 0; h < hkv; ++h) {
-            rotate(k[r] + h * D, head(out[1], hkv, h), c, s, half, D, traditional);
-            std::copy(v[r] + h * D, v[r] + (h + 1) * D, head(out[2], hkv, h));
+            rotate(k_row + h * D, head(out[1], hkv, h), c, s, half, D, traditional);
+            std::copy(v_row + h * D, v_row + (h + 1) * D, head(out[2], hkv, h));
           }
         }
       }
@@ -183,27 +193,31 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& r, cons
                                 std::make_shared<RmsNorm>(cpu(), eps, true), {x, r, flat(weight)});
 }
 
-std::vector<mx::array> heads_rope(const mx::array& q, const mx::array& k, const mx::array& v,
-                                  const mx::array& offset, const mx::array& inv_freq, int q_heads, int kv_heads,
-                                  bool traditional) {
-  for (auto* x : {&q, &k, &v})
-    if (x->ndim() != 3 || x->dtype() != mx::float32 || x->shape(0) != q.shape(0) || x->shape(1) != q.shape(1))
+std::vector<mx::array> heads_rope(const std::vector<mx::array>& qkv, const mx::array& offset,
+                                  const mx::array& inv_freq, int q_heads, int kv_heads, bool traditional) {
+  if (qkv.size() != 1 && qkv.size() != 3) throw std::invalid_argument("heads_rope: q, k and v, or their stack");
+  const mx::array& q = qkv[0];
+  for (auto& x : qkv)
+    if (x.ndim() != 3 || x.dtype() != mx::float32 || x.shape(0) != q.shape(0) || x.shape(1) != q.shape(1))
       throw std::invalid_argument("heads_rope: float32 q, k and v [B, L, heads * D]");
-  int B = q.shape(0), L = q.shape(1);
-  if (q_heads <= 0 || kv_heads <= 0 || q.shape(2) % q_heads != 0 || k.shape(2) != v.shape(2) ||
-      k.shape(2) * q_heads != q.shape(2) * kv_heads)
-    throw std::invalid_argument("heads_rope: q of q_heads heads, k and v of kv_heads heads of one size");
-  int D = q.shape(2) / q_heads;
+  int B = q.shape(0), L = q.shape(1), all_heads = qkv.size() == 3 ? q_heads : q_heads + 2 * kv_heads;
+  bool shaped = q_heads > 0 && kv_heads > 0 && q.shape(2) % all_heads == 0 &&
+                (qkv.size() == 1 || (qkv[1].shape(2) == qkv[2].shape(2) &&
+                                     (int64_t)qkv[1].shape(2) * q_heads == (int64_t)q.shape(2) * kv_heads));
+  if (!shaped) throw std::invalid_argument("heads_rope: q of q_heads heads, k and v of kv_heads heads of one size");
+  int D = q.shape(2) / all_heads;
   if (inv_freq.dtype() != mx::float32 || inv_freq.ndim() != 1 || 2 * inv_freq.shape(0) > D)
     throw std::invalid_argument("heads_rope: float32 inv_freq of at most D / 2 angles");
   if (offset.ndim() > 1 || (offset.size() != 1 && offset.size() != (size_t)B))
     throw std::invalid_argument("heads_rope: one offset, or a vector of one per batch row");
   mx::array positions = offset.dtype() == mx::int64 || offset.dtype() == mx::int32
                             ? offset : mx::astype(offset, mx::int32, cpu());
+  std::vector<mx::array> inputs = qkv;
+  inputs.push_back(positions);
+  inputs.push_back(flat(inv_freq));
   return mx::array::make_arrays({{B, q_heads, L, D}, {B, kv_heads, L, D}, {B, kv_heads, L, D}},
                                 {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<HeadsRope>(cpu(), q_heads, kv_heads, traditional),
-                                {q, k, v, positions, flat(inv_freq)});
+                                std::make_shared<HeadsRope>(cpu(), q_heads, kv_heads, traditional), inputs);
 }
 
 }  // namespace metrale

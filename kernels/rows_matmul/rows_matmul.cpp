@@ -43,9 +43,10 @@ template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
 
-// XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR.
+// XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR, plus res[r][n + j]
+// where a residual is added (res not null; the same one rounding as adding it after).
 template <int XR, int WR>
-inline void block(const float* x, const float* w, float* y, int N, int K, int n) {
+inline void block(const float* x, const float* w, float* y, const float* res, int N, int K, int n) {
   vf acc[XR][WR];
   for (int r = 0; r < XR; ++r)
     for (int j = 0; j < WR; ++j) acc[r][j] = vf{};
@@ -70,51 +71,55 @@ inline void block(const float* x, const float* w, float* y, int N, int K, int n)
     for (int j = 0; j < WR; ++j) {
       float s = sums[j];
       for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * w[(size_t)(n + j) * K + t];  // unfused: contract off
-      y[(size_t)r * N + n + j] = s;
+      y[(size_t)r * N + n + j] = res ? res[(size_t)r * N + n + j] + s : s;
     }
   }
 }
 
 // kPanel weight rows from n against XR x-rows, in blocks of as many weight rows as registers allow.
 template <int XR>
-inline void panel(const float* x, const float* w, float* y, int N, int K, int n) {
+inline void panel(const float* x, const float* w, float* y, const float* res, int N, int K, int n) {
   constexpr int WR = weight_rows_for<XR>;
-  for (int j = 0; j < kPanel; j += WR) block<XR, WR>(x, w, y, N, K, n + j);
+  for (int j = 0; j < kPanel; j += WR) block<XR, WR>(x, w, y, res, N, K, n + j);
 }
 
-// fn.template operator()<XR>(x rows, y rows) for each group of x-rows: fours, then the 1-3 left.
+// fn.template operator()<XR>(x rows, y rows, residual rows) for each group of x-rows: fours, then the
+// 1-3 left.
 template <typename Fn>
-inline void by_row_groups(const float* x, float* y, int M, int N, int K, Fn fn) {
+inline void by_row_groups(const float* x, float* y, const float* res, int M, int N, int K, Fn fn) {
+  auto at = [&](int r) { return res ? res + (size_t)r * N : nullptr; };
   int r = 0;
-  for (; r + 4 <= M; r += 4) fn.template operator()<4>(x + (size_t)r * K, y + (size_t)r * N);
+  for (; r + 4 <= M; r += 4) fn.template operator()<4>(x + (size_t)r * K, y + (size_t)r * N, at(r));
   const float* xr = x + (size_t)r * K;
   float* yr = y + (size_t)r * N;
   switch (M - r) {
-    case 3: fn.template operator()<3>(xr, yr); break;
-    case 2: fn.template operator()<2>(xr, yr); break;
-    case 1: fn.template operator()<1>(xr, yr); break;
+    case 3: fn.template operator()<3>(xr, yr, at(r)); break;
+    case 2: fn.template operator()<2>(xr, yr, at(r)); break;
+    case 1: fn.template operator()<1>(xr, yr, at(r)); break;
     default: break;
   }
 }
 
 // Whole panels, then one weight row at a time for the rest. Every output's sum runs in the same
 // order whatever block computes it: a row's bits never depend on how many rows came with it.
-void span(const float* x, const float* w, float* y, int M, int N, int K, int n0, int n1) {
+void span(const float* x, const float* w, float* y, const float* res, int M, int N, int K, int n0, int n1) {
   int n = n0;
   for (; n + kPanel <= n1; n += kPanel)
-    by_row_groups(x, y, M, N, K, [&]<int XR>(const float* xr, float* yr) { panel<XR>(xr, w, yr, N, K, n); });
+    by_row_groups(x, y, res, M, N, K,
+                  [&]<int XR>(const float* xr, float* yr, const float* rr) { panel<XR>(xr, w, yr, rr, N, K, n); });
   for (; n < n1; ++n)
-    by_row_groups(x, y, M, N, K, [&]<int XR>(const float* xr, float* yr) { block<XR, 1>(xr, w, yr, N, K, n); });
+    by_row_groups(x, y, res, M, N, K,
+                  [&]<int XR>(const float* xr, float* yr, const float* rr) { block<XR, 1>(xr, w, yr, rr, N, K, n); });
 }
 
-void rows_times_weights(const float* x, const float* w, float* y, int M, int N, int K) {
+void rows_times_weights(const float* x, const float* w, float* y, const float* res, int M, int N, int K) {
   Workers& pool = Workers::get();
-  if (pool.count() <= 1 || (size_t)N * K < (1u << 16)) return span(x, w, y, M, N, K, 0, N);  // small: alone
+  if (pool.count() <= 1 || (size_t)N * K < (1u << 16)) return span(x, w, y, res, M, N, K, 0, N);  // small: alone
   // Chunks of weight rows of about 128 KiB: small enough to share out, large enough to stream.
   int chunk_rows = std::max(kPanel, (32768 / std::max(K, 1)) / kPanel * kPanel);
   pool.run((N + chunk_rows - 1) / chunk_rows, [&](int c) {
     int n0 = c * chunk_rows;
-    span(x, w, y, M, N, K, n0, std::min(N, n0 + chunk_rows));
+    span(x, w, y, res, M, N, K, n0, std::min(N, n0 + chunk_rows));
   });
 }
 
@@ -123,23 +128,25 @@ class RowsMatmul : public mx::Primitive {
   explicit RowsMatmul(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    const mx::array& x = inputs[0];
-    const mx::array& w = inputs[1];
     mx::array& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
-    int K = x.shape(-1), N = w.shape(0), M = (int)(x.size() / K);
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
+    std::vector<mx::array> held;
+    for (auto& a : inputs) {
+      encoder.set_input_array(a);
+      held.push_back(mx::array::unsafe_weak_copy(a));
+    }
     encoder.set_output_array(out);
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                      out = mx::array::unsafe_weak_copy(out), M, N, K]() mutable {
-      if (x.flags().row_contiguous) {
-        rows_times_weights(x.data<float>(), w.data<float>(), out.data<float>(), M, N, K);
-      } else {
-        std::vector<float> rows = gather(x);  // a few rows: copied here, not by an extra graph node
-        rows_times_weights(rows.data(), w.data<float>(), out.data<float>(), M, N, K);
-      }
+    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const mx::array &x = held[0], &w = held[1];
+      int K = x.shape(-1), N = w.shape(0), M = (int)(x.size() / K);
+      // A few rows: a strided x or residual is copied here, not by an extra graph node.
+      std::vector<float> x_rows = x.flags().row_contiguous ? std::vector<float>() : gather(x);
+      const float* xp = x_rows.empty() ? x.data<float>() : x_rows.data();
+      std::vector<float> res_rows = held.size() < 3 || held[2].flags().row_contiguous ? std::vector<float>()
+                                                                                     : gather(held[2]);
+      const float* res = held.size() < 3 ? nullptr : res_rows.empty() ? held[2].data<float>() : res_rows.data();
+      rows_times_weights(xp, w.data<float>(), out.data<float>(), res, M, N, K);
     });
   }
 
@@ -151,8 +158,9 @@ class RowsMatmul : public mx::Primitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-// x [..., K] times w [N, K] transposed: [..., N]. float32, at most kMaxRows rows of x.
-mx::array rows_matmul(const mx::array& x, const mx::array& w) {
+// x [..., K] times w [N, K] transposed, plus the residual where one is given: [..., N]. float32, at
+// most kMaxRows rows of x.
+mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& residual) {
   if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() != 2 || x.shape(-1) != w.shape(1))
     throw std::invalid_argument("rows_matmul: float32 x [..., K] and w [N, K]");
   if ((int)(x.size() / x.shape(-1)) > kMaxRows) throw std::invalid_argument("rows_matmul: too many rows");
@@ -161,21 +169,27 @@ mx::array rows_matmul(const mx::array& x, const mx::array& w) {
   mx::array wc = w.is_available() && w.flags().row_contiguous ? w : mx::contiguous(w, false, stream);
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
-  return mx::array(shape, mx::float32, std::make_shared<RowsMatmul>(stream), {x, wc});
+  std::vector<mx::array> inputs = {x, wc};
+  if (residual) {
+    if (residual->shape() != shape || residual->dtype() != mx::float32)
+      throw std::invalid_argument("rows_matmul: a float32 residual shaped as the product");
+    inputs.push_back(*residual);
+  }
+  return mx::array(shape, mx::float32, std::make_shared<RowsMatmul>(stream), std::move(inputs));
 }
 
 }  // namespace
 
 NB_MODULE(_rows_matmul, m) {
   nb::module_::import_("mlx.core");  // the array type's bindings
-  m.def("rows_matmul", &rows_matmul, nb::arg("x"), nb::arg("w"));
+  m.def("rows_matmul", &rows_matmul, nb::arg("x"), nb::arg("w"), nb::arg("residual") = nb::none());
   m.attr("MAX_ROWS") = kMaxRows;
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
-  m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up"));
+  m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up") = nb::none());
   m.def("rms_norm", &metrale::rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
   m.def("add_rms_norm", &metrale::add_rms_norm, nb::arg("x"), nb::arg("r"), nb::arg("weight"), nb::arg("eps"));
-  m.def("heads_rope", &metrale::heads_rope, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("offset"),
-        nb::arg("inv_freq"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("traditional"));
+  m.def("heads_rope", &metrale::heads_rope, nb::arg("qkv"), nb::arg("offset"), nb::arg("inv_freq"),
+        nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("traditional"));
   m.def("shift_rows", &metrale::shift_rows, nb::arg("x"), nb::arg("shifts"), nb::arg("end"));
 }

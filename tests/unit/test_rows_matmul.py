@@ -46,6 +46,19 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(rows, k, seed):
     assert mx.array_equal(kernel(x, w), alone).item()
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 16), k=st.integers(1, 200), n=st.integers(1, 300), seed=st.integers(0, 2**16),
+       strided=st.booleans())
+def test_a_residual_is_added_with_the_rounding_of_adding_it_after(rows, k, n, seed, strided):
+    mx.random.seed(seed)
+    x, w = mx.random.normal((1, rows, k)), mx.random.normal((n, k))
+    residual = mx.random.normal((1, rows, 2 * n))[..., ::2] if strided else mx.random.normal((1, rows, n))
+    got = rows_matmul.load().rows_matmul(x, w, residual)
+    assert mx.array_equal(got, residual + kernel(x, w)).item()
+    with pytest.raises(ValueError):
+        rows_matmul.load().rows_matmul(x, w, residual[..., :-1] if n > 1 else mx.ones((1, rows, 2)))
+
+
 def test_transposed_and_sliced_inputs_are_read_right():
     x, w = mx.random.normal((8, 6)).T, mx.random.normal((10, 8))
     assert mx.allclose(kernel(x, w), x @ w.T, atol=1e-5).item()
@@ -68,9 +81,9 @@ def test_product_routes_the_row_counts_the_kernel_won_and_no_others(monkeypatch)
     class Counting:
         MAX_ROWS = module.MAX_ROWS
 
-        def rows_matmul(self, x, w):
+        def rows_matmul(self, x, w, residual=None):
             calls.append(x.shape[0])
-            return module.rows_matmul(x, w)
+            return module.rows_matmul(x, w, residual)
 
     monkeypatch.setattr(rows_matmul, "_module", Counting())
     monkeypatch.setattr(rows_matmul, "_rows", frozenset({4, 5}))
