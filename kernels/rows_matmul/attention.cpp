@@ -7,7 +7,7 @@
 // bit the same whatever rows came with it: a verify row equals the plain step at its position. The
 // rows of a key head's group read each tile of the cache together, and the cores share the groups.
 
-#include "attention.h"
+#include "attention_job.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,28 +16,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/ops.h"
-#include "mlx/primitives.h"
 #include "vectors.h"
 #include "workers.h"
 
 namespace metrale {
 namespace {
-
-// A strided 4-d view: element (a, b, c, d) at data[a*s0 + b*s1 + c*s2 + d] (the last stride is 1).
-template <typename T>
-struct View {
-  const T* data;
-  int64_t s0, s1, s2;
-  const T* at(int a, int b, int c) const { return data + a * s0 + b * s1 + c * s2; }
-};
-
-template <typename T>
-View<T> view_of(const mx::array& x) {
-  auto& s = x.strides();
-  return {x.data<T>(), s[0], s[1], s[2]};
-}
 
 float dot(const float* a, const float* b, int D) {
   int d = 0;
@@ -80,15 +63,6 @@ void add_scaled(float* out, const float* v, float p, int D) {
   for (; d + kLanes <= D; d += kLanes) store(out + d, multiply_add(pv, load(v + d), load(out + d)));
   for (; d < D; ++d) out[d] += p * v[d];
 }
-
-struct Job {
-  View<float> q, k, v;
-  View<bool> mask;  // data null: no mask array
-  bool causal;
-  float scale;
-  int B, Hq, Hkv, L, S, D;
-  float* out;  // [B, L, Hq * D] contiguous: heads merged, as the output projection takes them
-};
 
 constexpr float kHidden = -std::numeric_limits<float>::infinity();
 constexpr int kTile = 64;  // keys whose keys (then values) stay in L1 while every query of a group reads them
@@ -225,6 +199,8 @@ void group(const Job& j, int b, int kvh, int first, int count, std::vector<float
   }
 }
 
+}  // namespace
+
 // Units of work: each key head's group of query rows, split in parts where there are fewer groups
 // than twice the cores (each part reads the group's keys once, so fewer parts read less).
 void run(const Job& j) {
@@ -240,74 +216,6 @@ void run(const Job& j) {
   };
   if (!alone) return pool.run(groups * parts, unit);
   for (int u = 0; u < groups * parts; ++u) unit(u);
-}
-
-class FewRowsAttention : public mx::Primitive {
- public:
-  FewRowsAttention(mx::Stream stream, float scale, bool causal, bool masked)
-      : mx::Primitive(stream), scale_(scale), causal_(causal), masked_(masked) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& x : inputs) encoder.set_input_array(x);
-    encoder.set_output_array(out);
-    std::vector<mx::array> held;
-    for (auto& x : inputs) held.push_back(mx::array::unsafe_weak_copy(x));
-    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
-                      causal = causal_, masked = masked_]() mutable {
-      const mx::array &q = held[0], &k = held[1], &v = held[2];
-      Job job{view_of<float>(q), view_of<float>(k), view_of<float>(v), View<bool>{nullptr, 0, 0, 0}, causal, scale,
-              q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), out.data<float>()};
-      if (masked) {
-        job.mask = view_of<bool>(held[3]);
-        if (held[3].shape(1) == 1) job.mask.s1 = 0;  // one mask for every head (a size-1 axis's stride is arbitrary)
-      }
-      run(job);
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("few-rows attention runs on the CPU only");
-  }
-
-  const char* name() const override { return "FewRowsAttention"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto& o = static_cast<const FewRowsAttention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && masked_ == o.masked_;
-  }
-
- private:
-  float scale_;
-  bool causal_, masked_;
-};
-
-// The last axis in unit stride (the cache's views already are; anything else is copied once).
-mx::array unit_last(const mx::array& x, mx::Stream stream) {
-  return x.strides().back() == 1 || x.shape().back() == 1 ? x : mx::contiguous(x, false, stream);
-}
-
-}  // namespace
-
-mx::array few_rows_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-                             bool causal, const std::optional<mx::array>& mask) {
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 ||
-      k.dtype() != mx::float32 || v.dtype() != mx::float32)
-    throw std::invalid_argument("few_rows_attention: float32 q [B, H, L, D], k and v [B, Hkv, S, D]");
-  int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hkv = k.shape(1), S = k.shape(2);
-  if (k.shape() != v.shape() || k.shape(0) != B || k.shape(3) != D || Hkv == 0 || Hq % Hkv != 0 || L > S)
-    throw std::invalid_argument("few_rows_attention: k and v [B, Hkv, S, D] with Hq a multiple of Hkv, L <= S");
-  auto stream = mx::default_stream(mx::Device::cpu);
-  std::vector<mx::array> inputs = {unit_last(q, stream), unit_last(k, stream), unit_last(v, stream)};
-  if (mask) {
-    if (mask->dtype() != mx::bool_ || mask->ndim() > 4)
-      throw std::invalid_argument("few_rows_attention: a boolean mask broadcastable to [B, H, L, S]");
-    int heads = mask->ndim() == 4 && mask->shape(1) != 1 ? Hq : 1;  // per head or shared by all
-    inputs.push_back(unit_last(mx::broadcast_to(*mask, {B, heads, L, S}, stream), stream));
-  }
-  return mx::array({B, L, Hq * D}, mx::float32, std::make_shared<FewRowsAttention>(stream, scale, causal, (bool)mask),
-                   std::move(inputs));
 }
 
 }  // namespace metrale

@@ -185,7 +185,7 @@ NB_MODULE(_rows_matmul, m) {
   m.def("rows_matmul", &rows_matmul, nb::arg("x"), nb::arg("w"), nb::arg("residual") = nb::none());
   m.attr("MAX_ROWS") = kMaxRows;
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none());
+        nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none(), nb::arg("length") = nb::none());
   m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up") = nb::none());
   m.def("rms_norm", &metrale::rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
   m.def("add_rms_norm", &metrale::add_rms_norm, nb::arg("x"), nb::arg("r"), nb::arg("weight"), nb::arg("eps"));
