@@ -14,10 +14,16 @@ installed with it (no mask, causal, or a boolean mask; float32, unquantized cach
 so is the MLP's SwiGLU (activation.cpp). They are not bit-identical to mlx-lm's ops (within float
 tolerance), but each row is computed alone, the same whatever rows came with it, so a verify row
 still equals the plain step at its position. Where the rows kernel runs the products, q, k and v
-are one product by their stacked weights, and so are the MLP's gate and up (the layers' own weights
-views into the stack): 4 kernel calls a layer in place of 7, each output the same dot product, so
-the logits keep every bit; a step of 1-8 rows of the default model 1.4-2.6% faster on a 2-core AMD
-EPYC (paired with the separate products, 120 rounds).
+are one product by their stacked weights, and so are the MLP's gate and up
+(kernels/stacked_products.py): 4 kernel calls a layer in place of 7, the logits keeping every bit.
+
+With the fused kernels, the small ops are one graph node each too (kernels/rows_matmul/layer_ops.cpp):
+on MLX's CPU backend mx.fast.rms_norm and mx.fast.rope run as their decompositions (3 and ~12 nodes).
+A layer is then: the input norm, the stacked q/k/v product, the heads' split with RoPE (reading the
+stacked output in place), the cache's two row writes, the attention over the cache's buffers read in
+place up to its length, the o product, the residual add with the post norm, the stacked gate/up
+product, the SwiGLU of it, and the down product adding the residual: 11 nodes where MLX's ops took
+~50 (a default-model step 345 nodes, not 1,545).
 
 Compiled graphs are traced once per input shape, so only steps of at most MAX_ROWS rows per
 sequence at a cache's offset take them (decode, verify); prefill chunks and a forward without a cache
@@ -30,8 +36,6 @@ swapping the rows kernel in or out bumps `rows_matmul.swaps`, and the layers tra
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import kernels  # noqa: F401  (BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,6 +44,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.llama import TransformerBlock
 
 from kernels import rows_matmul
+from kernels.stacked_products import products, stack_products, stacked_product
 from kernels.mtp_head import MTPBlock
 from kernels.tree_verify import PositionedRope, Positions
 
@@ -152,7 +157,7 @@ def _mlp(block, x: mx.array, residual: mx.array | None = None) -> mx.array:
     fused = _fused_kernels(block)
     if fused is None or x.dtype != mx.float32:
         return mlp(x) if residual is None else residual + mlp(x)
-    stacked = _stacked_product(block, "gate_up", x, (mlp.gate_proj, mlp.up_proj))
+    stacked = stacked_product(block, "gate_up", x, (mlp.gate_proj, mlp.up_proj))
     activated = fused.swiglu(stacked) if stacked is not None else fused.swiglu(mlp.gate_proj(x), mlp.up_proj(x))
     down = mlp.down_proj
     if residual is not None and type(down) is rows_matmul.RowsLinear:
@@ -194,12 +199,12 @@ def _parts(block: TransformerBlock):
             norm = block.input_layernorm
             normed = fused.rms_norm(x, norm.weight, norm.eps)
             projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-            stacked = _stacked_product(block, "qkv", normed, projections)  # split by the kernel: no node
+            stacked = stacked_product(block, "qkv", normed, projections)  # split by the kernel: no node
             qkv = [stacked] if stacked is not None else [p(normed) for p in projections]
             return tuple(fused.heads_rope(qkv, offset, angles, attn.n_heads, attn.n_kv_heads, _rope(attn).traditional))
         batch, rows, _ = x.shape
         h = block.input_layernorm(x)
-        q, k, v = _products(block, "qkv", h, (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = products(block, "qkv", h, (attn.q_proj, attn.k_proj, attn.v_proj))
         q = q.reshape(batch, rows, attn.n_heads, -1).transpose(0, 2, 1, 3)
         k = k.reshape(batch, rows, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = v.reshape(batch, rows, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -265,69 +270,8 @@ def _swap_in(layer, kinds: tuple[type, ...], compiled: type, fused_kernels: bool
     layer.__class__ = compiled
     object.__setattr__(layer, "_compiled", None)
     object.__setattr__(layer, "_fused", fused_kernels and rows_matmul.available())
-    _stack_products(layer)
+    stack_products(layer)
     return True
-
-
-class Stacked(NamedTuple):
-    """Weights of products that read the same input, stacked on the output axis; each layer's own
-    weight is a view into it (`parts`), so the stack costs no memory."""
-
-    weight: mx.array
-    parts: tuple[mx.array, ...]
-    splits: tuple[int, ...]  # where each part's outputs start, after the first
-
-
-def _stack_products(layer) -> None:
-    """Stack q, k and v, and the MLP's gate and up, where they are the rows kernel's layers: a step
-    then runs 4 kernel products a layer in place of 7, each a call MLX dispatches alone (a step of
-    1-8 rows of the default model 1.4-2.6% faster on a 2-core AMD EPYC), and every output is the same
-    dot product as before, so the logits keep their bits. A stack already made stays (a reinstall
-    keeps it)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    stacks = getattr(layer, "_stacks", None) or {}
-    for name, parts in (("qkv", (attn.q_proj, attn.k_proj, attn.v_proj)), ("gate_up", (mlp.gate_proj, mlp.up_proj))):
-        if _fresh(stacks.get(name), parts) or not _stackable(parts):
-            continue
-        weight = mx.concatenate([p.weight for p in parts])
-        mx.eval(weight)
-        sizes = [p.weight.shape[0] for p in parts]
-        starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-        for p, a, b in zip(parts, starts, starts[1:]):
-            p.weight = weight[a:b]  # a view: the separate weight is freed
-        mx.eval([p.weight for p in parts])
-        stacks[name] = Stacked(weight, tuple(p.weight for p in parts), tuple(starts[1:-1]))
-    object.__setattr__(layer, "_stacks", stacks)
-
-
-def _stackable(parts) -> bool:
-    weights = [getattr(p, "weight", None) for p in parts]
-    return all(type(p) is rows_matmul.RowsLinear for p in parts) and \
-        len({(w.shape[1], w.dtype) for w in weights}) == 1 and weights[0].dtype == mx.float32
-
-
-def _fresh(stack: Stacked | None, parts) -> bool:
-    """Whether the stack still holds these layers' weights (none was swapped or loaded since)."""
-    return stack is not None and all(type(p) is rows_matmul.RowsLinear and p.weight is w
-                                     for p, w in zip(parts, stack.parts))
-
-
-def _products(block, name: str, x: mx.array, parts) -> list[mx.array]:
-    """Each layer's product of x: one kernel call by their stack where it is fresh and the kernel takes
-    these rows, else one call each (the stock path keeps its own products, bit for bit)."""
-    stacked = _stacked_product(block, name, x, parts)
-    if stacked is None:
-        return [p(x) for p in parts]
-    return mx.split(stacked, list(block._stacks[name].splits), axis=-1)
-
-
-def _stacked_product(block, name: str, x: mx.array, parts) -> mx.array | None:
-    """x by the named stack of the block's weights (the parts' outputs side by side), where it is fresh
-    and the kernel takes these rows; else None."""
-    stack = (getattr(block, "_stacks", None) or {}).get(name)
-    if not _fresh(stack, parts) or not rows_matmul.takes(x, stack.weight):
-        return None
-    return rows_matmul.product(x, stack.weight)
 
 
 def fused(model: nn.Module) -> bool:
