@@ -25,6 +25,7 @@ from runtime.content_phase import Phase, PhaseTracker
 from runtime.exploration import ExplorationBudget
 from runtime.online_cost import OnlineCostModel
 from runtime.plan import propose_depth
+from runtime.plan_memo import PlanMemo
 from runtime.step_plan import EXPLORE_BURST, Plan, SeqView, plan_step
 
 @dataclass
@@ -90,6 +91,7 @@ class OnlineController:
         self.catch_ups = 0  # drafts not counted as the draft cell's cost: they caught up first
         self.traced_steps = 0  # steps not counted as their cells' cost: they traced a compiled graph
         self.viewed: tuple[tuple[str, ...], list[SeqView | None]] = ((), [])  # the latest plan's batch and views
+        self.memo = PlanMemo()  # the planner's answers per cost table: a plain run asks the same each step
 
     # --- requests --------------------------------------------------------------------------------
     def control(self, seq) -> RequestControl:
@@ -128,7 +130,8 @@ class OnlineController:
         self.viewed = (tuple(s.request_id for s in batch), views)
         plan = plan_step(views, table, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
                          explore=explore, allowance_ms=self.budget.allowance_ms if self.budget.share > 0 else None,
-                         continuing=self.burst_left > 0, optimistic=self.costs.optimistic_table())
+                         continuing=self.burst_left > 0, optimistic=self.costs.optimistic_table(),
+                         depths_of=self.memo.batch_depths)
         self.planned = plan
         for seq, depth in zip(batch, plan.depths):
             self.control(seq).depth = depth
@@ -144,8 +147,10 @@ class OnlineController:
     def _note_phase_decisions(self, batch, eligible, n: int, table) -> None:
         """Each phase's own decision at this width, from its prior alone: a flip is traced."""
         for phase in {self.control(s).phase for s, ok in zip(batch, eligible) if ok}:
-            choice = propose_depth(n, table=table, prior=self.priors.mean(phase), max_k=self.max_k,
-                                   slack=self.slack, mtp_max_seqs=self.mtp_max_seqs, objective="balanced")
+            prior = self.priors.mean(phase)
+            choice = self.memo.answer(table, ("phase", n, tuple(prior)), lambda: propose_depth(
+                n, table=table, prior=prior, max_k=self.max_k, slack=self.slack, mtp_max_seqs=self.mtp_max_seqs,
+                objective="balanced"))
             speculates = choice.depth > 0
             if self.phase_speculates.get(phase) not in (None, speculates):
                 self.switches.append((phase, speculates))

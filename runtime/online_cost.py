@@ -136,6 +136,7 @@ class OnlineCostModel:
         self.observations = 0
         # kind -> level estimates: the kind as a whole, each width, each cell; for ms and joules
         self._levels: dict[tuple, RobustEstimate] = {}
+        self._plain_shapes: dict[tuple[str, int], float] = {}  # _plain_shape's, until plain decode's levels move
         self._plain_widths: dict[str, list[int]] = {"ms": [], "j": []}  # widths plain decode was measured at, sorted
         self._table: CostTable | None = None
         self._estimates: CostTable | None = None
@@ -175,6 +176,7 @@ class OnlineCostModel:
                 self._after[unit].append(residual)
             for key in _levels_of(kind, unit, width, depth):
                 self._levels.setdefault(key, RobustEstimate()).update(x - self.tempo[unit])
+            self._plain_shapes.clear()  # plain decode's levels moved
         self._moved()
         self._clock += 1
         if self._held and len(self._after["ms"]) >= HOLD_PLAIN:
@@ -239,7 +241,11 @@ class OnlineCostModel:
         return self._plain_shape(unit, width) + self.tempo[unit]
 
     def _plain_shape(self, unit: str, width: int) -> float:
-        return shrunk(self._levels.get(("verify", unit, width, 0)), self._plain_between(unit, width))
+        shape = self._plain_shapes.get((unit, width))
+        if shape is None:  # read by every cell of a table's rebuild; plain steps alone move it
+            shape = shrunk(self._levels.get(("verify", unit, width, 0)), self._plain_between(unit, width))
+            self._plain_shapes[(unit, width)] = shape
+        return shape
 
     def _plain_between(self, unit: str, width: int) -> float:
         """What a width's plain shape leans on before its own steps: interpolated (in log width)

@@ -43,21 +43,23 @@ class SeqView:
 
 
 def plan_step(views: list[SeqView | None], table, *, max_k: int, slack: float, mtp_max_seqs: int,
-              explore: bool, allowance_ms: float | None, continuing: bool = False, optimistic=None) -> Plan:
+              explore: bool, allowance_ms: float | None, continuing: bool = False, optimistic=None,
+              depths_of=batch_depths) -> Plan:
     """Each sequence's depth (None: not eligible, a plain row), planned over the batch by each
     sequence's objective (runtime/batch_plan.py); where none pays, the depths the upper bounds choose
     (acceptance at its upper bound, costs at their lower bound: the `optimistic` table) if the
     allowance covers the expected loss (None: no exploration) for a whole burst (EXPLORE_BURST
     steps), or while a burst goes on (continuing) and the allowance is not spent. The one
-    implementation the served path and `metrale replay` both run."""
+    implementation the served path and `metrale replay` both run; depths_of is batch_depths or the
+    same answers remembered (runtime/plan_memo.py)."""
     n = len(views)
     if n > mtp_max_seqs:  # the scheduler plain-decodes above the cap
         return Plan((0,) * n)
-    depths = batch_depths([(v.objective, v.mean) if v else None for v in views], table, max_k=max_k, slack=slack)
+    depths = depths_of([(v.objective, v.mean) if v else None for v in views], table, max_k=max_k, slack=slack)
     if not explore or allowance_ms is None:
         return Plan(depths)
     bounds = [(v.objective, v.upper) if v else None for v in views]
-    plan_bounds = lambda most: batch_depths(bounds, optimistic or table, max_k=most, slack=slack)  # noqa: E731
+    plan_bounds = lambda most: depths_of(bounds, optimistic or table, max_k=most, slack=slack)  # noqa: E731
     if any(depths):
         return _deeper(views, depths, plan_bounds(max_k), table, allowance_ms, continuing)
     upper = shallowest_paying(plan_bounds, max_k, n)

@@ -5,8 +5,8 @@ n rows of K + 1 tokens over a cached context, trimmed back after each call. Five
 MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
 picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), that with the decoder layers
 compiled (kernels/compiled_blocks.py) around MLX's attention and SwiGLU, and with the fused few-rows
-attention and SwiGLU (kernels/rows_matmul/attention.cpp, activation.cpp) there: the path `metrale
-serve` runs by default. Per width, the fused kernels' time over MLX's ops is printed too. A BLAS is
+kernels (kernels/rows_matmul/: attention, SwiGLU, norms and RoPE) there: the path `metrale serve`
+runs by default. Per width, the fused kernels' time over MLX's ops is printed too. A BLAS is
 bound when MLX loads, so each BLAS runs in its own child process; the kernel and the compiled
 layers are swapped in and out within one, round-robin with the stock layers. The limit is the
 model's bytes per step (its weights and the cached context) over this machine's streaming read
@@ -184,7 +184,7 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
               f"median of each repeat's ratio: {paired}")
     for width in widths:
         paired = " ".join(f"K={k} {chosen['fused_vs_mlx'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
-        print(f"width {width}: fused kernels / MLX's attention and SwiGLU (both compiled layers), "
+        print(f"width {width}: fused kernels / MLX's ops around the products (both compiled layers), "
               f"median of each repeat's ratio: {paired}")
     if chosen.get("kernel_vs_blas"):
         by_rows = " ".join(f"{rows}:{ratio:.2f}" for rows, ratio in sorted(chosen["kernel_vs_blas"].items(),
