@@ -64,7 +64,7 @@ class Consulted(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     ahead: bool = False  # a lookahead plain step was computing: the step was that one, nothing was decided
     gate: GateInputs | None = None
-    controller: ControllerInputs | None = None
+    controller: ControllerInputs | None = None  # None where no row was eligible: nothing was consulted
 
 
 class StepTrace(msgspec.Struct, frozen=True, kw_only=True, tag="step", tag_field="type"):
@@ -119,7 +119,9 @@ def consult(policy, batch, choice, context_depth: int) -> Consulted:
     decider = "controller" if policy.controller is not None else "gate" if policy.gate is not None \
         else policy.setting.value
     gate = ctl = None
-    if decider == "controller":  # what the plan read, captured when it was made (policy.read) or now
+    if decider == "controller" and any(eligible):  # what the plan read, captured when it was made or now
+        # (a batch with no eligible row consults nothing: reading the cost tables for its trace rebuilt
+        # them every 8 steps, ~0.3 ms a step of the event loop for requests that never draft)
         ctl = policy.read if policy.read is not None else controller_inputs(policy, batch, eligible)
     elif decider == "gate":
         entering = min((s.think.post_think_emitted for s, ok in zip(batch, eligible) if ok), default=None)
