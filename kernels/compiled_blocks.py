@@ -91,44 +91,28 @@ def _offset(x: mx.array, cache) -> mx.array | None:
 def _around_cache(block, parts, x: mx.array, offset, mask, cache) -> mx.array:
     before, after = parts
     queries, keys, values = before(x, offset)
-    output = _write_and_attend(block, queries, keys, values, cache, mask)
-    if output is None:
-        keys, values = cache.update_and_fetch(keys, values)
-        output = _attention(block, queries, keys, values, cache, mask)
-    return after(x, output)
+    keys, values = cache.update_and_fetch(keys, values)
+    # mlx-lm's plain and batch KV caches hand out prefixes of their buffers: the fused attention reads
+    # the buffers in place up to that length, so those views are never evaluated (no graph nodes).
+    buffers = (cache.keys, cache.values) if type(cache) in (KVCache, BatchKVCache) else None
+    return after(x, _attention(block, queries, keys, values, cache, mask, buffers))
 
 
-def _write_and_attend(block, queries: mx.array, keys: mx.array, values: mx.array, cache, mask) -> mx.array | None:
-    """The step's keys and values written into the cache's buffers as mlx-lm's caches write them, and the
-    fused attention reading those buffers in place up to the cache's length, so the views a cache hands
-    out are no graph nodes; where the layer runs the fused kernels and the cache is mlx-lm's plain or
-    batch KV cache with room for these rows. Else None (the cache's own update, then _attention)."""
-    kind = type(cache)
-    if _fused_kernels(block) is None or kind not in (KVCache, BatchKVCache) or cache.keys is None:
-        return None
-    start, rows = (cache._idx if kind is BatchKVCache else cache.offset), keys.shape[2]
-    length = start + rows
-    if length > cache.keys.shape[2] or _fused_attention_mask(queries, cache.keys, mask, length) is None:
-        return None
-    cache.keys[..., start:length, :] = keys
-    cache.values[..., start:length, :] = values
-    if kind is BatchKVCache:
-        cache.offset, cache._idx = cache.offset + rows, length
-    else:
-        cache.offset = length
-    return _fused_attention(block, queries, cache.keys, cache.values, mask, length)
-
-
-def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache, mask) -> mx.array:
+def _attention(block, queries: mx.array, keys: mx.array, values: mx.array, cache, mask, buffers=None) -> mx.array:
     """Attention with its heads merged ([B, L, H * D]): the fused few-rows kernel
     (kernels/rows_matmul/attention.cpp) where the layer was installed with it and it takes this step
-    (float32, an unquantized cache, no mask, causal, or a boolean mask), else mlx-lm's."""
-    if _fused_kernels(block) is not None and not hasattr(cache, "bits") and \
-            _fused_attention_mask(queries, keys, mask, keys.shape[2]) is not None:
-        return _fused_attention(block, queries, keys, values, mask, keys.shape[2])
-    output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=block.self_attn.scale, mask=mask)
-    batch, _, rows, _ = output.shape
-    return output.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
+    (float32, an unquantized cache, no mask, causal, or a boolean mask), else mlx-lm's. buffers: the
+    cache's (keys, values) buffers that keys and values are prefixes of, which the kernel reads instead."""
+    length = keys.shape[2]
+    taken = _fused_attention_mask(queries, keys, mask, length) if _fused_kernels(block) is not None and \
+        not hasattr(cache, "bits") else None
+    if taken is None:
+        output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=block.self_attn.scale,
+                                              mask=mask)
+        batch, _, rows, _ = output.shape
+        return output.transpose(0, 2, 1, 3).reshape(batch, rows, -1)
+    keys, values = buffers or (keys, values)
+    return _fused_kernels(block).few_rows_attention(queries, keys, values, block.self_attn.scale, *taken, length)
 
 
 def _fused_attention_mask(queries: mx.array, keys: mx.array, mask, length: int):
@@ -140,12 +124,6 @@ def _fused_attention_mask(queries: mx.array, keys: mx.array, mask, length: int):
         return mask is not None, None
     fits = isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim <= 4
     return (False, mask) if fits and mask.shape[-2:] == (queries.shape[2], length) else None
-
-
-def _fused_attention(block, queries: mx.array, keys: mx.array, values: mx.array, mask, length: int) -> mx.array:
-    causal, array = _fused_attention_mask(queries, keys, mask, length)
-    return _fused_kernels(block).few_rows_attention(queries, keys, values, block.self_attn.scale, causal, array,
-                                                    length)
 
 
 def _mlp(block, x: mx.array, residual: mx.array | None = None) -> mx.array:
