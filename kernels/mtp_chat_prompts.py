@@ -193,12 +193,12 @@ def chat_prompts(count: int, seed: int) -> list[Prompt]:
     return _distinct(count, rng, draw)
 
 
-def _fill(template: str, rng: random.Random) -> str:
+def _fill(template: str, rng: random.Random, slots: dict[str, list[str]] = CHAT_SLOTS) -> str:
     used: set[str] = set()
 
     def slot(match: re.Match) -> str:
         # Never a value this prompt has already ({ingredient} and {ingredient2} differ).
-        choices = [c for c in CHAT_SLOTS[_slot(match.group(1))] if c not in used]
+        choices = [c for c in slots[_slot(match.group(1))] if c not in used]
         used.add(value := rng.choice(choices))
         return value
 
@@ -206,9 +206,9 @@ def _fill(template: str, rng: random.Random) -> str:
     return text[0].upper() + text[1:]
 
 
-def capacity(template: str) -> int:
+def capacity(template: str, slots: dict[str, list[str]] = CHAT_SLOTS) -> int:
     """How many distinct prompts a template can make."""
-    return math.prod(len(CHAT_SLOTS[_slot(field)]) for field in _FIELD.findall(template))
+    return math.prod(len(slots[_slot(field)]) for field in _FIELD.findall(template))
 
 
 def _slot(field: str) -> str:
@@ -216,8 +216,8 @@ def _slot(field: str) -> str:
     return field.rstrip("0123456789")
 
 
-def content_words(text: str) -> set[str]:
-    return set(_WORD.findall(text.lower())) - _COMMON
+def content_words(text: str, common: set[str] = _COMMON) -> set[str]:
+    return set(_WORD.findall(text.lower())) - common
 
 
 def near(words: set[str], held: set[str]) -> bool:

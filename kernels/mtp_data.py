@@ -37,6 +37,7 @@ from mlx_lm.models.cache import BatchKVCache
 from kernels.features import body, check_layers
 from kernels.mtp_chat_prompts import chat_prompts
 from kernels.loader import output_head
+from kernels.mtp_program_prompts import program_prompts
 from kernels.mtp_prompts import build_prompts, code_task_prompts, everyday_prompts, recipe
 
 DEFAULT_MODEL = Path.home() / ".cache/metrale/models/SmolLM2-135M-Instruct-f32"
@@ -247,6 +248,8 @@ def _prompt_source(args: argparse.Namespace):
         return code_task_prompts(args.prompts, args.seed)
     if args.set == "chat":
         return chat_prompts(args.prompts, args.seed)
+    if args.set == "programs":
+        return program_prompts(args.prompts, args.seed)
     return everyday_prompts(args.prompts, args.seed)
 
 
@@ -277,9 +280,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--set", choices=["stdlib", "everyday", "chat", "code-tasks"], default="stdlib",
+    parser.add_argument("--set", choices=["stdlib", "everyday", "chat", "code-tasks", "programs"],
+                        default="stdlib",
                         help="prompts about the stdlib's code and docs, everyday prose, conversational "
-                             "questions (kernels/mtp_chat_prompts.py), or programming tasks")
+                             "questions (kernels/mtp_chat_prompts.py), programming tasks, or the wider "
+                             "programming set (kernels/mtp_program_prompts.py)")
     parser.add_argument("--prompts", type=int, default=800)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--max-prompt-tokens", type=int, default=400)

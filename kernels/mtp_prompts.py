@@ -292,5 +292,7 @@ def recipe() -> dict:
         "kinds": {"code": "write/test/rewrite/document code", "prose": "explain code and docs",
                   "general": "everyday chat about topics named by module docstrings",
                   "everyday": "everyday prose (stories, letters, advice) about common topics",
-                  "chat": "conversational questions: how and why, plans, recipes, advice, messages"},
+                  "chat": "conversational questions: how and why, plans, recipes, advice, messages",
+                  "program": "programming requests: functions with constraints, scripts, classes, "
+                             "concepts, errors, JavaScript, SQL, shell"},
     }

@@ -1,0 +1,38 @@
+"""The programming training prompts: distinct, reproducible, varied, and clear of the held-out set."""
+
+from collections import Counter
+
+from kernels.mtp_chat_prompts import near
+from kernels.mtp_program_prompts import PROGRAM_TEMPLATES, code_words, program_prompts
+from kernels.mtp_prompts import code_task_prompts, held_out_prompts
+
+
+def test_program_prompts_are_distinct_reproducible_and_use_every_template():
+    prompts = program_prompts(600, seed=0)
+    texts = [p.text for p in prompts]
+    assert len(set(texts)) == len(texts) == 600
+    assert texts == [p.text for p in program_prompts(600, seed=0)]
+    assert texts != [p.text for p in program_prompts(600, seed=1)]
+    counts = Counter(p.template for p in prompts)
+    assert set(counts) == set(PROGRAM_TEMPLATES)
+    assert max(counts.values()) < 0.5 * len(prompts)
+
+
+def test_no_program_prompt_is_a_held_out_prompt_or_a_paraphrase_of_one():
+    held_out = held_out_prompts()
+    for prompt in program_prompts(1500, seed=5):
+        assert not any(h in prompt.text or prompt.text in h for h in held_out)
+        assert not any(near(code_words(prompt.text), code_words(h)) for h in held_out)
+
+
+def test_the_code_paraphrase_rule_ignores_boilerplate_and_catches_the_task():
+    held = code_words("Write a Python function that counts the vowels in a sentence.")
+    assert near(code_words("Write a JavaScript function that counts the vowels of a sentence."), held)
+    assert not near(code_words("Write a Python function that counts the words in a paragraph."), held)
+
+
+def test_the_set_reaches_beyond_the_code_tasks_set():
+    old = {p.text for p in code_task_prompts(1480, seed=3)}
+    new = [p.text for p in program_prompts(1000, seed=5)]
+    assert len(old) >= 1400  # the older set is nearly exhausted at this size
+    assert not set(new) & old
