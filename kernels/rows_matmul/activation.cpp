@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "mlx/backend/cpu/encoder.h"
+#include "dispatch.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "strided.h"
@@ -32,14 +32,8 @@ class SwiGLU : public mx::Primitive {
   explicit SwiGLU(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& x : inputs) encoder.set_input_array(x);
-    encoder.set_output_array(out);
-    std::vector<mx::array> held;
-    for (auto& x : inputs) held.push_back(mx::array::unsafe_weak_copy(x));
-    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out)]() mutable {
+    dispatch(stream(), inputs, outputs, [](std::vector<mx::array>& held, std::vector<mx::array>& outs) {
+      mx::array& out = outs[0];
       // Row by row: a row's bits never depend on the rows beside it (a flat span would put the
       // scalar tail elsewhere), and rows may be strided (a split of one product's outputs). One input:
       // the stacked gate and up product, each row's gate values then its up values.

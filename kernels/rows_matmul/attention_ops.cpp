@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "attention_job.h"
-#include "mlx/backend/cpu/encoder.h"
+#include "dispatch.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -21,14 +21,9 @@ class FewRowsAttention : public mx::Primitive {
       : mx::Primitive(stream), scale_(scale), causal_(causal), masked_(masked), length_(length) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> held;
-    for (auto& x : inputs) encoder.set_input_array(x), held.push_back(mx::array::unsafe_weak_copy(x));
-    encoder.set_output_array(out);
-    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
-                      causal = causal_, masked = masked_, length = length_]() mutable {
+    dispatch(stream(), inputs, outputs, [scale = scale_, causal = causal_, masked = masked_,
+                                         length = length_](std::vector<mx::array>& held, std::vector<mx::array>& outs) {
+      mx::array& out = outs[0];
       const mx::array &q = held[0], &k = held[1], &v = held[2];
       Job job{view_of<float>(q), view_of<float>(k), view_of<float>(v), View<bool>{nullptr, 0, 0, 0}, causal, scale,
               q.shape(0), q.shape(1), k.shape(1), q.shape(2), length, q.shape(3), out.data<float>()};

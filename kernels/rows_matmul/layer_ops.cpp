@@ -15,9 +15,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "dispatch.h"
 #include "strided.h"
 #include "vectors.h"
 
@@ -34,23 +34,6 @@ void norm_row(const float* x, const float* w, float* out, int D, float eps) {
   float inverse = 1.0f / std::sqrt(squares / (float)D + eps);
   for (d = 0; d + kLanes <= D; d += kLanes) store(out + d, load(x + d) * inverse * load(w + d));
   for (; d < D; ++d) out[d] = x[d] * inverse * w[d];
-}
-
-// Runs fn() on the stream's thread once every input and output is set up (one output buffer each).
-template <typename Fn>
-void dispatch(mx::Stream stream, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, Fn fn) {
-  auto& encoder = mx::cpu::get_command_encoder(stream);
-  std::vector<mx::array> held_in, held_out;
-  for (auto& x : inputs) {
-    encoder.set_input_array(x);
-    held_in.push_back(mx::array::unsafe_weak_copy(x));
-  }
-  for (auto& y : outputs) {
-    y.set_data(mx::allocator::malloc(y.nbytes()));
-    encoder.set_output_array(y);
-    held_out.push_back(mx::array::unsafe_weak_copy(y));
-  }
-  encoder.dispatch([in = std::move(held_in), out = std::move(held_out), fn]() mutable { fn(in, out); });
 }
 
 // A norm of x's rows, with the residual add before it where `add` (inputs x, r, w; outputs h, norm).

@@ -15,11 +15,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "activation.h"
 #include "attention.h"
+#include "dispatch.h"
 #include "layer_ops.h"
 #include "realign.h"
 #include "strided.h"
@@ -128,16 +128,8 @@ class RowsMatmul : public mx::Primitive {
   explicit RowsMatmul(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    mx::array& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> held;
-    for (auto& a : inputs) {
-      encoder.set_input_array(a);
-      held.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    encoder.set_output_array(out);
-    encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out)]() mutable {
+    dispatch(stream(), inputs, outputs, [](std::vector<mx::array>& held, std::vector<mx::array>& outs) {
+      mx::array& out = outs[0];
       const mx::array &x = held[0], &w = held[1];
       int K = x.shape(-1), N = w.shape(0), M = (int)(x.size() / K);
       // A few rows: a strided x or residual is copied here, not by an extra graph node.
