@@ -11,10 +11,8 @@ prior's, a hundred plain steps halve every cell, the cells that were measured th
 their own ratio to plain, and what the planner reads, a depth's cost over plain decode's, is the
 one measured.
 
-Each level is a `RobustEstimate`: a centre, a spread (mean absolute residual) and a count. A
-residual is clipped to CLIP spreads before it moves the centre, so one outlier (a GC pause, a page
-fault) moves a cell by at most CLIP * spread / (count + 1) and never far. Past MEMORY observations
-the centre becomes an exponential average, so a cell follows a machine whose speed drifts.
+Each level is a `RobustEstimate` (runtime/robust_estimate.py): a centre, a spread and a count, that
+one outlier cannot move far and that follows a machine whose speed drifts.
 
 The machine's speed also drifts faster than a cell can follow: on a shared 2-core VM the plain step
 ran 47 ms in one minute and 70 ms in the next. So plain decode's estimate is read at a common
@@ -60,15 +58,11 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from runtime.cost_table import Cost, CostTable, TableMeta
+from runtime.robust_estimate import SPREAD_FLOOR, SPREAD_START, RobustEstimate, shrunk
 from runtime.self_calibration import SELF_CALIBRATED
 
 Kind = Literal["verify", "draft"]
 
-CLIP = 3.0  # residuals past 3 spreads are clipped: a stall cannot drag a cell
-MEMORY = 64  # observations after which a centre is an exponential average over about this many
-SPREAD_FLOOR = 0.02  # log units (2%): a tight cell still lets a real change through, step by step
-SPREAD_START = 0.25  # the spread assumed before any residual is seen
-SHRINK = 8.0  # pseudo-observations of a level's parent: a cell leans on its width until it has ~8 own
 Z = 1.64  # one-sided 95%: how optimistic exploration is about a speculative cell's cost
 # How cautious the plan is about a speculative cell this server has hardly measured, where its prior
 # came from elsewhere (a shipped or foreign table): one spread over the root of its own count + 1,
@@ -96,36 +90,6 @@ SPELL_HEAD = 16  # a long spell's first steps, learned at the tempo before it; t
 # plain decode, the cell's count (~300) let an exploring burst move it ~6%, and chat stayed plain.
 AGE_STEPS = 256
 AGED_FLOOR = 4
-
-
-class RobustEstimate(msgspec.Struct, kw_only=True):
-    """A clipped running mean of log-ratios, its spread and its count."""
-
-    centre: float = 0.0
-    spread: float = SPREAD_START
-    count: int = 0  # weight of its evidence (a speculative level's halves as it ages)
-    seen: int = 0  # the plain-step clock at its latest observation (a speculative level's evidence ages)
-    measured: int = 0  # observations ever: what caution reads (ageing asks for a new look, not for doubt)
-
-    def update(self, x: float) -> None:
-        if self.count == 0:
-            self.centre, self.count = x, 1
-            self.measured += 1
-            return
-        bound = CLIP * max(self.spread, SPREAD_FLOOR)
-        residual = min(bound, max(-bound, x - self.centre))
-        weight = 1.0 / min(self.count + 1, MEMORY)
-        self.centre += weight * residual
-        self.spread += weight * (abs(residual) - self.spread)
-        self.count += 1
-        self.measured += 1
-
-
-def shrunk(own: RobustEstimate | None, parent: float) -> float:
-    """own's centre, pulled toward the parent's by SHRINK pseudo-observations."""
-    if own is None or own.count == 0:
-        return parent
-    return (own.count * own.centre + SHRINK * parent) / (own.count + SHRINK)
 
 
 class OnlineCostModel:

@@ -15,7 +15,7 @@ spent, V(K, m) the verify time of K spine and m extra nodes. So width 1 (m = 0) 
 no alternative pays, and the width follows what this machine's verify costs and this drafter's
 alternatives are measured to be:
 - V(K, m) = exp(L(K, m)), L the log of verify ms learned per cell from served tree and chain
-  verifies (a clipped running mean, runtime/online_cost.py's RobustEstimate), shrunk toward
+  verifies (a clipped running mean, runtime/robust_estimate.py), shrunk toward
   L(K, 0) + m * s, s the learned log-cost of one extra node; L(K, 0) is shrunk toward the log of
   the cost table's verify(1, K). Absolute, not relative to a plain step: a reference that is itself
   still learning would move the cells observed at different times apart.
@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from runtime.acceptance_online import PRIOR_TRIALS, REQUEST_TRIALS, Counts, posterior
-from runtime.online_cost import RobustEstimate, shrunk
+from runtime.robust_estimate import RobustEstimate, shrunk
 
 HIT_PRIOR = 1.0  # an alternative's head probability taken at face value until measured
 HIT_MASS = 8.0  # pseudo-mass of that prior

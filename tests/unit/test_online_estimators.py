@@ -13,7 +13,8 @@ from runtime.acceptance_online import Counts, PhasePriors, RequestAcceptance, po
 from runtime.content_phase import Phase, PhaseTracker
 from runtime.cost_table import AcceptanceCalibration, Cost, TableMeta, make_table
 from runtime.exploration import ExplorationBudget
-from runtime.online_cost import AGE_STEPS, CLIP, HOLD_PLAIN, SPREAD_FLOOR, OnlineCostModel, RobustEstimate
+from runtime.online_cost import AGE_STEPS, HOLD_PLAIN, OnlineCostModel
+from runtime.robust_estimate import CLIP, SPREAD_FLOOR, RobustEstimate
 from runtime.plan import propose_depth
 
 META = TableMeta(model_id="m", drafter="mtp", machine="a cpu", dtype="float32", blas="openblas",
