@@ -139,7 +139,7 @@ def _mlp(block, x: mx.array, residual: mx.array | None = None) -> mx.array:
     activated = fused.swiglu(stacked) if stacked is not None else fused.swiglu(mlp.gate_proj(x), mlp.up_proj(x))
     down = mlp.down_proj
     if residual is not None and type(down) is rows_matmul.RowsLinear:
-        return rows_matmul.product(activated, down.weight, residual)
+        return down.product(activated, residual)
     return down(activated) if residual is None else residual + down(activated)
 
 

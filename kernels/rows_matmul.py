@@ -6,6 +6,11 @@ once for all of them and computes every output as the same dot product whatever 
 a verify row's logits are bit for bit a plain step's. It is built with CMake against the installed
 MLX and nanobind, for this machine's vector units, into the environment's build folder; a build or
 load failure leaves the stock matmul in place with a warning, never a crash.
+
+Where every value of a weight matrix is exactly a float16 (the default model's are: its file is
+float16, loaded as float32 for MLX's CPU ops), the kernel reads a float16 copy and widens each value
+in a register: a decode step reads half the bytes for the same float32 sums, bit for bit. The
+float32 weights stay for the stock paths (prefill, wide batches), which MLX runs fastest in float32.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+import weakref
 from pathlib import Path
 
 import kernels  # noqa: F401  (BLAS before mlx)
@@ -33,6 +39,7 @@ _rows_chosen = False
 # Bumped whenever a product's path may have changed (layers swapped, row counts chosen): graphs traced
 # before (kernels/compiled_blocks.py) trace again.
 swaps = 0
+_half_weights = True  # the kernel reads float16 copies where exact (benchmarks time both)
 
 
 def available() -> bool:
@@ -128,12 +135,35 @@ def _check(module) -> None:
         raise RuntimeError("the built kernel disagrees with mx.matmul")
 
 
-def product(x: mx.array, w: mx.array, residual: mx.array | None = None) -> mx.array:
+def product(x: mx.array, w: mx.array, residual: mx.array | None = None, half=None) -> mx.array:
     """x [..., K] @ w[N, K].T (plus the residual, where given: the same rounding) by the kernel at the row
-    counts where it won here, else by MLX."""
+    counts where it won here, else by MLX. half: `halved(w)`, whose float16 copy the kernel reads."""
     if takes(x, w):
-        return _module.rows_matmul(x, w, residual)
+        half_w = half[1] if _half_weights and half is not None and half[0]() is w else None
+        return _module.rows_matmul(x, w if half_w is None else half_w, residual)
     return x @ w.T if residual is None else residual + x @ w.T
+
+
+def halved(w: mx.array) -> tuple | None:
+    """(a weak reference to w, w as float16) where the kernel reads float16 weights and every value of w
+    is exactly a float16; else None. The reference tells a copy of a weight since replaced."""
+    if _module is None or not _module.HALF_WEIGHTS or w.dtype != mx.float32 or w.ndim != 2:
+        return None
+    half = w.astype(mx.float16)
+    if not mx.array_equal(half.astype(mx.float32), w).item():
+        return None
+    mx.eval(half)
+    return weakref.ref(w), half
+
+
+def use_half_weights(on: bool) -> None:
+    """Whether the kernel reads the float16 copies (benchmarks time the float32 weights' path too)."""
+    global _half_weights, swaps
+    _half_weights, swaps = on, swaps + 1
+
+
+def half_weights() -> bool:
+    return _half_weights and _module is not None and bool(_module.HALF_WEIGHTS)
 
 
 def takes(x: mx.array, w: mx.array) -> bool:
@@ -152,9 +182,17 @@ class RowsLinear(nn.Module):
     def __init__(self, weight: mx.array):
         super().__init__()
         self.weight = weight
+        object.__setattr__(self, "_half", halved(weight))  # not a parameter: never saved or updated
 
     def __call__(self, x: mx.array) -> mx.array:
-        return product(x, self.weight)
+        return self.product(x)
+
+    def product(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        return product(x, self.weight, residual, self._half)
+
+    def forget_half(self) -> None:
+        """Drop the float16 copy (its weight became a view into a stack that has its own)."""
+        object.__setattr__(self, "_half", None)
 
 
 class RowsShardedToAll(nn.Module):
@@ -164,9 +202,10 @@ class RowsShardedToAll(nn.Module):
     def __init__(self, weight: mx.array, group):
         super().__init__()
         self.weight, self.group = weight, group
+        object.__setattr__(self, "_half", halved(weight))
 
     def __call__(self, x: mx.array) -> mx.array:
-        return mx.distributed.all_sum(product(x, self.weight), group=self.group)
+        return mx.distributed.all_sum(product(x, self.weight, half=self._half), group=self.group)
 
 
 class RowsEmbedding(nn.Embedding):
@@ -175,9 +214,10 @@ class RowsEmbedding(nn.Embedding):
     def __init__(self, weight: mx.array):
         super().__init__(*weight.shape)
         self.weight = weight
+        object.__setattr__(self, "_half", halved(weight))
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return product(x, self.weight)
+        return product(x, self.weight, half=self._half)
 
 
 def install(model: nn.Module) -> int:

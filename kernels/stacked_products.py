@@ -22,6 +22,7 @@ class Stacked(NamedTuple):
     weight: mx.array
     parts: tuple[mx.array, ...]
     splits: tuple[int, ...]  # where each part's outputs start, after the first
+    half: tuple | None  # rows_matmul.halved(weight): the float16 copy the kernel reads, where exact
 
 
 def stack_products(layer) -> None:
@@ -38,8 +39,10 @@ def stack_products(layer) -> None:
         starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         for p, a, b in zip(parts, starts, starts[1:]):
             p.weight = weight[a:b]  # a view: the separate weight is freed
+            p.forget_half()  # and its float16 copy: the stack has one
         mx.eval([p.weight for p in parts])
-        stacks[name] = Stacked(weight, tuple(p.weight for p in parts), tuple(starts[1:-1]))
+        stacks[name] = Stacked(weight, tuple(p.weight for p in parts), tuple(starts[1:-1]),
+                               rows_matmul.halved(weight))
     object.__setattr__(layer, "_stacks", stacks)
 
 
@@ -70,4 +73,4 @@ def stacked_product(block, name: str, x: mx.array, parts) -> mx.array | None:
     stack = (getattr(block, "_stacks", None) or {}).get(name)
     if not _fresh(stack, parts) or not rows_matmul.takes(x, stack.weight):
         return None
-    return rows_matmul.product(x, stack.weight)
+    return rows_matmul.product(x, stack.weight, half=stack.half)

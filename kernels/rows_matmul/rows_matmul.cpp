@@ -1,6 +1,9 @@
 // y = x W^T for a few rows of x: each weight row is read once, for every row of x, while it is in L1.
 // Decode and verify steps multiply 1-16 rows by each weight matrix; a BLAS packs or re-reads the
 // weights there. Built at first use by kernels/rows_matmul.py; any failure falls back to stock ops.
+// The weights may be float16 where each value is one exactly (the default model's are): a step reads
+// half the bytes, and each is widened in a register to the float32 it stands for, so every sum is
+// the float32 weights' bit for bit.
 
 #include <algorithm>
 #include <atomic>
@@ -36,29 +39,45 @@ namespace {
 // with AVX2). An FMA's latency needs about 8 independent accumulators to keep both FMA units busy,
 // so fewer x-rows take more weight rows; a block never spills its registers.
 #if defined(__AVX512F__)
-template <int XR> constexpr int weight_rows_for = XR >= 3 ? 4 : 8;
+template <int XR> constexpr int weight_rows_for = XR >= 8 ? 2 : XR >= 3 ? 4 : 8;
 #else
-template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
+template <int XR> constexpr int weight_rows_for = XR >= 8 ? 1 : XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 #endif
 constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
 
+using half = mx::float16_t;
+
+inline vf load_weights(const float* p) { return load(p); }
+inline float weight_at(const float* p) { return *p; }
+#if defined(__AVX512F__)
+inline vf load_weights(const half* p) { return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+#elif defined(__F16C__)
+inline vf load_weights(const half* p) { return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+#endif
+inline float weight_at(const half* p) { return static_cast<float>(*p); }
+#if defined(__AVX512F__) || defined(__F16C__)
+constexpr bool kHalfWeights = true;
+#else
+constexpr bool kHalfWeights = false;  // no conversion instruction: float16 weights are refused
+#endif
+
 // XR rows of x against WR weight rows starting at n: y[r][n + j] for r < XR, j < WR, plus res[r][n + j]
 // where a residual is added (res not null; the same one rounding as adding it after).
-template <int XR, int WR>
-inline void block(const float* x, const float* w, float* y, const float* res, int N, int K, int n) {
+template <int XR, int WR, typename W>
+inline void block(const float* x, const W* w, float* y, const float* res, int N, int K, int n) {
   vf acc[XR][WR];
   for (int r = 0; r < XR; ++r)
     for (int j = 0; j < WR; ++j) acc[r][j] = vf{};
   // The next block's weight rows are asked for while this one computes, without keeping them in the
   // caches (locality 0): a block reads only a few KB of each row, too short a stream for the hardware
   // prefetcher to be ahead, so each block waited for memory before computing.
-  const float* next = w + (size_t)std::min(n + WR, N - WR) * K;  // the last block asks for itself
+  const W* next = w + (size_t)std::min(n + WR, N - WR) * K;  // the last block asks for itself
   int k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     vf wv[WR];
     for (int j = 0; j < WR; ++j) __builtin_prefetch(next + (size_t)j * K + k, 0, 0);
-    for (int j = 0; j < WR; ++j) wv[j] = load(w + (size_t)(n + j) * K + k);
+    for (int j = 0; j < WR; ++j) wv[j] = load_weights(w + (size_t)(n + j) * K + k);
     for (int r = 0; r < XR; ++r) {
       vf xv = load(x + (size_t)r * K + k);
       for (int j = 0; j < WR; ++j) acc[r][j] = multiply_add(xv, wv[j], acc[r][j]);
@@ -70,15 +89,15 @@ inline void block(const float* x, const float* w, float* y, const float* res, in
     __builtin_memcpy(sums, &acc[r][0], sizeof sums);
     for (int j = 0; j < WR; ++j) {
       float s = sums[j];
-      for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * w[(size_t)(n + j) * K + t];  // unfused: contract off
+      for (int t = k; t < K; ++t) s += x[(size_t)r * K + t] * weight_at(w + (size_t)(n + j) * K + t);  // unfused: contract off
       y[(size_t)r * N + n + j] = res ? res[(size_t)r * N + n + j] + s : s;
     }
   }
 }
 
 // kPanel weight rows from n against XR x-rows, in blocks of as many weight rows as registers allow.
-template <int XR>
-inline void panel(const float* x, const float* w, float* y, const float* res, int N, int K, int n) {
+template <int XR, typename W>
+inline void panel(const float* x, const W* w, float* y, const float* res, int N, int K, int n) {
   constexpr int WR = weight_rows_for<XR>;
   for (int j = 0; j < kPanel; j += WR) block<XR, WR>(x, w, y, res, N, K, n + j);
 }
@@ -89,6 +108,7 @@ template <typename Fn>
 inline void by_row_groups(const float* x, float* y, const float* res, int M, int N, int K, Fn fn) {
   auto at = [&](int r) { return res ? res + (size_t)r * N : nullptr; };
   int r = 0;
+  for (; r + 8 <= M; r += 8) fn.template operator()<8>(x + (size_t)r * K, y + (size_t)r * N, at(r));
   for (; r + 4 <= M; r += 4) fn.template operator()<4>(x + (size_t)r * K, y + (size_t)r * N, at(r));
   const float* xr = x + (size_t)r * K;
   float* yr = y + (size_t)r * N;
@@ -102,7 +122,8 @@ inline void by_row_groups(const float* x, float* y, const float* res, int M, int
 
 // Whole panels, then one weight row at a time for the rest. Every output's sum runs in the same
 // order whatever block computes it: a row's bits never depend on how many rows came with it.
-void span(const float* x, const float* w, float* y, const float* res, int M, int N, int K, int n0, int n1) {
+template <typename W>
+void span(const float* x, const W* w, float* y, const float* res, int M, int N, int K, int n0, int n1) {
   int n = n0;
   for (; n + kPanel <= n1; n += kPanel)
     by_row_groups(x, y, res, M, N, K,
@@ -112,7 +133,8 @@ void span(const float* x, const float* w, float* y, const float* res, int M, int
                   [&]<int XR>(const float* xr, float* yr, const float* rr) { block<XR, 1>(xr, w, yr, rr, N, K, n); });
 }
 
-void rows_times_weights(const float* x, const float* w, float* y, const float* res, int M, int N, int K) {
+template <typename W>
+void rows_times_weights(const float* x, const W* w, float* y, const float* res, int M, int N, int K) {
   Workers& pool = Workers::get();
   if (pool.count() <= 1 || (size_t)N * K < (1u << 16)) return span(x, w, y, res, M, N, K, 0, N);  // small: alone
   // Chunks of weight rows of about 128 KiB: small enough to share out, large enough to stream.
@@ -138,7 +160,10 @@ class RowsMatmul : public mx::Primitive {
       std::vector<float> res_rows = held.size() < 3 || held[2].flags().row_contiguous ? std::vector<float>()
                                                                                      : gather(held[2]);
       const float* res = held.size() < 3 ? nullptr : res_rows.empty() ? held[2].data<float>() : res_rows.data();
-      rows_times_weights(xp, w.data<float>(), out.data<float>(), res, M, N, K);
+      if (w.dtype() == mx::float16)
+        rows_times_weights(xp, w.data<half>(), out.data<float>(), res, M, N, K);
+      else
+        rows_times_weights(xp, w.data<float>(), out.data<float>(), res, M, N, K);
     });
   }
 
@@ -150,11 +175,12 @@ class RowsMatmul : public mx::Primitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-// x [..., K] times w [N, K] transposed, plus the residual where one is given: [..., N]. float32, at
-// most kMaxRows rows of x.
+// x [..., K] times w [N, K] transposed, plus the residual where one is given: [..., N]. x float32, w
+// float32 or float16, at most kMaxRows rows of x.
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& residual) {
-  if (x.dtype() != mx::float32 || w.dtype() != mx::float32 || w.ndim() != 2 || x.shape(-1) != w.shape(1))
-    throw std::invalid_argument("rows_matmul: float32 x [..., K] and w [N, K]");
+  bool weights_ok = w.dtype() == mx::float32 || (kHalfWeights && w.dtype() == mx::float16);
+  if (x.dtype() != mx::float32 || !weights_ok || w.ndim() != 2 || x.shape(-1) != w.shape(1))
+    throw std::invalid_argument("rows_matmul: float32 x [..., K] and w [N, K] (float32, or float16 if built with it)");
   if ((int)(x.size() / x.shape(-1)) > kMaxRows) throw std::invalid_argument("rows_matmul: too many rows");
   auto stream = mx::default_stream(mx::Device::cpu);
   // Weights are evaluated and contiguous: no copy node per product (x is gathered in eval if strided).
@@ -176,6 +202,7 @@ NB_MODULE(_rows_matmul, m) {
   nb::module_::import_("mlx.core");  // the array type's bindings
   m.def("rows_matmul", &rows_matmul, nb::arg("x"), nb::arg("w"), nb::arg("residual") = nb::none());
   m.attr("MAX_ROWS") = kMaxRows;
+  m.attr("HALF_WEIGHTS") = kHalfWeights;
   m.def("few_rows_attention", &metrale::few_rows_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("mask").none(), nb::arg("length") = nb::none());
   m.def("swiglu", &metrale::swiglu, nb::arg("gate"), nb::arg("up") = nb::none());

@@ -1,18 +1,20 @@
 """metrale bench verify: what a plain step and a verify of K drafts cost, against the memory-bound limit.
 
-verify(n, K) is the probe `metrale calibrate` times (kernels/calibrate.py): one target forward of
-n rows of K + 1 tokens over a cached context, trimmed back after each call. Five paths, in one run:
+verify(n, K) is the probe `metrale calibrate` times (kernels/calibrate.py): one target forward of n
+rows of K + 1 tokens over a cached context, trimmed back after each call. Six paths, in one run:
 MLX's stock ops on the system OpenBLAS (what served before), stock ops on the BLAS `--blas auto`
-picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), that with the decoder layers
-compiled (kernels/compiled_blocks.py) around MLX's attention and SwiGLU, and with the fused few-rows
-kernels (kernels/rows_matmul/: attention, SwiGLU, norms and RoPE) there: the path `metrale serve`
-runs by default. Per width, the fused kernels' time over MLX's ops is printed too. A BLAS is
-bound when MLX loads, so each BLAS runs in its own child process; the kernel and the compiled
-layers are swapped in and out within one, round-robin with the stock layers. The limit is the
-model's bytes per step (its weights and the cached context) over this machine's streaming read
-bandwidth (a buffer of that size summed by one thread per core), read in each repeat right after
-the served plain step, so plain_vs_limit is paired too: measured a minute apart, the same plain step
-read 1.22x and 1.56x of the limit on a 2-core AMD EPYC.
+picks here, that BLAS with the few-rows kernel (kernels/rows_matmul.py), that with the decoder
+layers compiled (kernels/compiled_blocks.py) around MLX's attention and SwiGLU, and with the fused
+few-rows kernels (kernels/rows_matmul/: attention, SwiGLU, norms and RoPE) there, the kernel reading
+float16 copies of the weights where each value is one exactly: the path `metrale serve` runs by
+default; and that path with the kernel reading the float32 weights, paired against it. Per width,
+the fused kernels' time over MLX's ops is printed too. A BLAS is bound when MLX loads, so each BLAS
+runs in its own child process; the kernel and the compiled layers are swapped in and out within one,
+round-robin with the stock layers. The limit is the model's bytes per step (its weights as the
+kernel reads them and the cached context) over this machine's streaming read bandwidth (a buffer of
+that size summed by one thread per core), read in each repeat right after the served plain step, so
+plain_vs_limit is paired too: measured a minute apart, the same plain step read 1.22x and 1.56x of
+the limit on a 2-core AMD EPYC.
 Every ratio is the median of each repeat's own ratio (its two calls ran seconds or less apart, so
 they share a shared machine's drift, which each call's own median does not): verify(n,K) over the
 same path's verify(n,0), and per width the compiled layers over the path under them.
@@ -70,7 +72,11 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool, limit: 
         paths["kernel"] = lambda: (rows_matmul.install(model), compiled_blocks.uninstall(model))
     kernel = (lambda: rows_matmul.install(model)) if rows_matmul.available() else (lambda: None)
     paths["mlx ops"] = lambda: (kernel(), compiled_blocks.install(model, fused_kernels=False))
-    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model))  # the served path: fused kernels
+    if rows_matmul.half_weights():  # the served path, its kernel reading the float32 weights
+        paths["float32 weights"] = lambda: (kernel(), compiled_blocks.install(model),
+                                            rows_matmul.use_half_weights(False))
+    # The served path: fused kernels, float16 copies of the weights where exact.
+    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model), rows_matmul.use_half_weights(True))
     ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     step_bytes = step_profile.step_bytes(model, len(context))
     reader, limits = StreamRead(step_bytes) if limit else None, []  # read in each width-1 repeat beside its plain step
@@ -99,6 +105,9 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool, limit: 
     out["paired"] = {cell: paired_median(v, ms[base][cell]) for cell, v in ms["compiled"].items()}
     out["fused_vs_mlx"] = {cell: paired_median(v, ms["mlx ops"][cell]) for cell, v in ms["compiled"].items()}
     out["compiled_vs_stock"] = {cell: paired_median(v, ms["stock"][cell]) for cell, v in ms["compiled"].items()}
+    if "float32 weights" in ms:
+        out["half_vs_float32"] = {cell: paired_median(v, ms["float32 weights"][cell])
+                                  for cell, v in ms["compiled"].items()}
     if rows_matmul.available():  # what routed the kernel: its time over this BLAS's at each row count
         out["kernel_vs_blas"] = rows_verdict.row_ratios(rows_matmul.products(model), repeats)
         out["kernel_win_ratio"] = rows_verdict.WIN_RATIO
@@ -185,6 +194,10 @@ def report(widths: list[int], max_k: int, repeats: int, breakdown: bool) -> int:
     for width in widths:
         paired = " ".join(f"K={k} {chosen['fused_vs_mlx'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
         print(f"width {width}: fused kernels / MLX's ops around the products (both compiled layers), "
+              f"median of each repeat's ratio: {paired}")
+    for width in widths if "half_vs_float32" in chosen else ():
+        paired = " ".join(f"K={k} {chosen['half_vs_float32'][f'{width},{k}']:.3f}" for k in range(max_k + 1))
+        print(f"width {width}: the kernel reading float16 copies / float32 weights (served path otherwise), "
               f"median of each repeat's ratio: {paired}")
     if chosen.get("kernel_vs_blas"):
         by_rows = " ".join(f"{rows}:{ratio:.2f}" for rows, ratio in sorted(chosen["kernel_vs_blas"].items(),

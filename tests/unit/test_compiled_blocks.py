@@ -190,3 +190,35 @@ def fresh_compiled(model):
     rows_matmul.install(model)
     compiled_blocks.install(model)
     return model
+
+
+@on_the_kernel
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2**16), st.lists(st.integers(1, compiled_blocks.MAX_ROWS), min_size=1, max_size=4))
+def test_float16_copies_of_exact_weights_keep_every_logit_bit_for_bit(seed, steps):
+    """Weights that are all float16 values (as the default model's): the kernel reads float16 copies,
+    the stacks' own (the separate layers' are dropped), and every logit keeps its bits."""
+    if not rows_matmul.load().HALF_WEIGHTS:
+        pytest.skip("no float16 conversion in this build")
+    from mlx.utils import tree_map
+
+    with every_row_count_on_the_kernel():
+        models = []
+        for _ in range(2):
+            m = tiny_llama(seed=seed, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=96)
+            m.update(tree_map(lambda p: p.astype(mx.float16).astype(mx.float32), m.parameters()))
+            models.append(fresh_compiled(m))
+        layer = models[0].model.layers[0]
+        assert layer._stacks["qkv"].half is not None and layer.self_attn.q_proj._half is None
+        assert layer.mlp.down_proj._half is not None and models[0].model.embed_tokens._half is not None
+        caches = make_prompt_cache(models[0]), make_prompt_cache(models[1])
+        for i, rows in enumerate([20] + steps):  # a prefill chunk above MAX_ROWS (stock), then the kernel's
+            step = mx.array([[(7 * i + 3 * r) % 90 + 2 for r in range(rows)]])
+            halves = models[0](step, cache=caches[0])
+            rows_matmul.use_half_weights(False)
+            try:
+                singles = models[1](step, cache=caches[1])
+            finally:
+                rows_matmul.use_half_weights(True)
+            assert mx.array_equal(halves, singles).item()

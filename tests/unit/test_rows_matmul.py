@@ -220,3 +220,32 @@ def test_a_rows_result_keeps_its_bits_under_a_tuning_that_fuses_differently(tmp_
     done = subprocess.run([sys.executable, "-c", CHECK_TUNED_BUILD, str(source), str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not getattr(rows_matmul.load(), "HALF_WEIGHTS", False), reason="no float16 conversion")
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 16), k=st.integers(1, 300), n=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_float16_weights_give_the_float32_weights_bits(rows, k, n, seed):
+    # The float16 copy holds the same values: each is widened before the same float32 sums.
+    mx.random.seed(seed)
+    x, w = mx.random.normal((rows, k)), mx.random.normal((n, k)).astype(mx.float16)
+    assert mx.array_equal(kernel(x, w), kernel(x, w.astype(mx.float32))).item()
+
+
+def test_a_float16_copy_is_made_only_where_every_value_is_exact():
+    exact = mx.random.normal((8, 24)).astype(mx.float16).astype(mx.float32)
+    pair = rows_matmul.halved(exact)
+    assert pair is not None and pair[0]() is exact and pair[1].dtype == mx.float16
+    assert rows_matmul.halved(exact + 1e-4) is None  # values between float16s
+    assert rows_matmul.halved(mx.array([[1e6, 1.0]])) is None  # beyond float16's range
+
+
+def test_a_replaced_weight_is_never_read_from_its_old_copy(monkeypatch):
+    monkeypatch.setattr(rows_matmul, "_rows", frozenset(range(1, 17)))
+    w = mx.random.normal((12, 16)).astype(mx.float16).astype(mx.float32)
+    layer = rows_matmul.RowsLinear(w)
+    assert layer._half is not None
+    x = mx.random.normal((2, 16))
+    assert mx.array_equal(layer(x), kernel(x, w)).item()
+    layer.weight = w * 2  # loaded anew: the copy no longer stands for it
+    assert mx.array_equal(layer(x), kernel(x, w * 2)).item()
