@@ -166,6 +166,11 @@ def half_weights() -> bool:
     return _half_weights and _module is not None and bool(_module.HALF_WEIGHTS)
 
 
+def reads_halves(model: nn.Module) -> bool:
+    """Whether this model's few-row products read float16 copies (its layers are the kernel's)."""
+    return half_weights() and any(type(m) in (RowsLinear, RowsShardedToAll, RowsEmbedding) for m in model.modules())
+
+
 def takes(x: mx.array, w: mx.array) -> bool:
     """Whether product(x, w) runs on the kernel (where each output is its own dot product, so a
     product by stacked weights gives each part's outputs bit for bit)."""

@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from kernels import rows_matmul
 from kernels.calibrate import VerifyProbe
 from kernels.loader import output_head
 from kernels.sampling import greedy_ids
@@ -58,20 +59,18 @@ def profile(model, rows: int, context: tuple[int, ...], repeats: int) -> dict[st
 def step_bytes(model, context: int) -> int:
     """Bytes one decode step must read: every weight it multiplies by, as the rows kernel reads it (a
     float16 copy where one stands for the weight exactly), and the cached keys and values."""
-    weights = sum(_read_bytes(v) for _, v in tree_flatten(model.parameters()))
+    halves = rows_matmul.reads_halves(model)
+    weights = sum(_read_bytes(v, halves) for _, v in tree_flatten(model.parameters()))
     if getattr(model, "lm_head", None) is not None:  # untied: of the embedding only one row is read
-        weights -= _read_bytes(model.model.embed_tokens.weight)
+        weights -= _read_bytes(model.model.embed_tokens.weight, halves)
     args = model.args
     kv = getattr(args, "num_key_value_heads", args.num_attention_heads)
     head_dim = args.hidden_size // args.num_attention_heads
     return weights + 2 * args.num_hidden_layers * kv * head_dim * context * 4
 
 
-def _read_bytes(weight: mx.array) -> int:
-    from kernels import rows_matmul
-
-    halved = rows_matmul.half_weights() and rows_matmul.halved(weight) is not None
-    return weight.nbytes // 2 if halved else weight.nbytes
+def _read_bytes(weight: mx.array, halves: bool) -> int:
+    return weight.nbytes // 2 if halves and rows_matmul.halved(weight) is not None else weight.nbytes
 
 
 def supported(model) -> bool:

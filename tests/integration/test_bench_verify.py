@@ -35,10 +35,13 @@ def test_bench_verify_prints_every_path_the_limit_and_the_ratios(model_dir, caps
 
 
 def test_step_bytes_count_the_weights_and_the_cached_context(model_dir):
-    from kernels import step_profile
+    from kernels import rows_matmul, step_profile
     from kernels.loader import load
 
     model = load(model_dir, rows_kernel=False).model
     small, large = step_profile.step_bytes(model, 0), step_profile.step_bytes(model, 1000)
     assert 500e6 < small < 600e6  # the default model's float32 weights, the tied head once
     assert large - small == pytest.approx(2 * 30 * 3 * 64 * 1000 * 4)
+    if rows_matmul.load() is not None and rows_matmul.load().HALF_WEIGHTS:
+        kernel_model = load(model_dir).model  # its products read float16 copies: half the weights' bytes
+        assert step_profile.step_bytes(kernel_model, 0) == pytest.approx(small / 2, rel=0.01)
