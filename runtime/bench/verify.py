@@ -78,6 +78,7 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool, limit: 
     # The served path: fused kernels, float16 copies of the weights where exact.
     paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model), rows_matmul.use_half_weights(True))
     ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
+    paths["compiled"]()  # the bytes per step are the served path's: its kernel reads float16 copies
     step_bytes = step_profile.step_bytes(model, len(context))
     reader, limits = StreamRead(step_bytes) if limit else None, []  # read in each width-1 repeat beside its plain step
     for width in widths:
