@@ -4,7 +4,8 @@ from collections import Counter
 
 from kernels.mtp_chat_prompts import near
 from kernels.mtp_program_prompts import PROGRAM_TEMPLATES, code_words, program_prompts
-from kernels.mtp_prompts import code_task_prompts, held_out_prompts
+from kernels.mtp_prompts import code_task_prompts
+from tests.unit.test_mtp_chat_prompts import assert_clear_of_the_held_out_set
 
 
 def test_program_prompts_are_distinct_reproducible_and_use_every_template():
@@ -19,10 +20,7 @@ def test_program_prompts_are_distinct_reproducible_and_use_every_template():
 
 
 def test_no_program_prompt_is_a_held_out_prompt_or_a_paraphrase_of_one():
-    held_out = held_out_prompts()
-    for prompt in program_prompts(1500, seed=5):
-        assert not any(h in prompt.text or prompt.text in h for h in held_out)
-        assert not any(near(code_words(prompt.text), code_words(h)) for h in held_out)
+    assert_clear_of_the_held_out_set(program_prompts(1500, seed=5), code_words)
 
 
 def test_the_code_paraphrase_rule_ignores_boilerplate_and_catches_the_task():
