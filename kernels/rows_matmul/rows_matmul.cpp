@@ -39,9 +39,9 @@ namespace {
 // with AVX2). An FMA's latency needs about 8 independent accumulators to keep both FMA units busy,
 // so fewer x-rows take more weight rows; a block never spills its registers.
 #if defined(__AVX512F__)
-template <int XR> constexpr int weight_rows_for = XR >= 8 ? 2 : XR >= 3 ? 4 : 8;
+template <int XR> constexpr int weight_rows_for = XR >= 3 ? 4 : 8;
 #else
-template <int XR> constexpr int weight_rows_for = XR >= 8 ? 1 : XR >= 3 ? 2 : XR == 2 ? 4 : 8;
+template <int XR> constexpr int weight_rows_for = XR >= 3 ? 2 : XR == 2 ? 4 : 8;
 #endif
 constexpr int kPanel = 8;  // weight rows every x-row group of a product reads while they sit in L1
 constexpr int kMaxRows = 16;
@@ -108,7 +108,6 @@ template <typename Fn>
 inline void by_row_groups(const float* x, float* y, const float* res, int M, int N, int K, Fn fn) {
   auto at = [&](int r) { return res ? res + (size_t)r * N : nullptr; };
   int r = 0;
-  for (; r + 8 <= M; r += 8) fn.template operator()<8>(x + (size_t)r * K, y + (size_t)r * N, at(r));
   for (; r + 4 <= M; r += 4) fn.template operator()<4>(x + (size_t)r * K, y + (size_t)r * N, at(r));
   const float* xr = x + (size_t)r * K;
   float* yr = y + (size_t)r * N;
