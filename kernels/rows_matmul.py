@@ -156,6 +156,18 @@ def halved(w: mx.array) -> tuple | None:
     return weakref.ref(w), half
 
 
+def stacked_half(w: mx.array, layers) -> tuple | None:
+    """halved(w) for w stacked from these RowsLinear layers' weights. Where every layer has a copy that
+    still stands for its weight, the stack's is theirs stacked (exact, as each is): no second conversion
+    and check at load. Otherwise (a copy dropped, or a weight replaced since) halved(w) itself."""
+    pairs = [layer._half for layer in layers]
+    if not pairs or any(pair is None or pair[0]() is not layer.weight for pair, layer in zip(pairs, layers)):
+        return halved(w)
+    half = mx.concatenate([pair[1] for pair in pairs])
+    mx.eval(half)
+    return weakref.ref(w), half
+
+
 def use_half_weights(on: bool) -> None:
     """Whether the kernel reads the float16 copies (benchmarks time the float32 weights' path too)."""
     global _half_weights, swaps

@@ -34,6 +34,7 @@ def stack_products(layer) -> None:
         if _fresh(stacks.get(name), parts) or not _stackable(parts):
             continue
         weight = mx.concatenate([p.weight for p in parts])
+        half = rows_matmul.stacked_half(weight, parts)
         mx.eval(weight)
         sizes = [p.weight.shape[0] for p in parts]
         starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
@@ -41,8 +42,7 @@ def stack_products(layer) -> None:
             p.weight = weight[a:b]  # a view: the separate weight is freed
             p.forget_half()  # and its float16 copy: the stack has one
         mx.eval([p.weight for p in parts])
-        stacks[name] = Stacked(weight, tuple(p.weight for p in parts), tuple(starts[1:-1]),
-                               rows_matmul.halved(weight))
+        stacks[name] = Stacked(weight, tuple(p.weight for p in parts), tuple(starts[1:-1]), half)
     object.__setattr__(layer, "_stacks", stacks)
 
 
