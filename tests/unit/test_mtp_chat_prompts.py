@@ -6,15 +6,21 @@ from kernels.mtp_chat_prompts import CHAT_SLOTS, CHAT_TEMPLATES, _fill, chat_pro
 from kernels.mtp_prompts import held_out_prompts
 
 
-def test_chat_prompts_are_distinct_reproducible_and_spread_over_templates():
-    prompts = chat_prompts(900, seed=0)
+def assert_distinct_reproducible_and_spread(make, count: int, templates, most: float) -> None:
+    """make(count, seed): `count` distinct prompts, the same for a seed and others for another, every
+    template used and none taking `most` of them or more."""
+    prompts = make(count, seed=0)
     texts = [p.text for p in prompts]
-    assert len(set(texts)) == len(texts) == 900
-    assert texts == [p.text for p in chat_prompts(900, seed=0)]
-    assert texts != [p.text for p in chat_prompts(900, seed=1)]
+    assert len(set(texts)) == len(texts) == count
+    assert texts == [p.text for p in make(count, seed=0)]
+    assert texts != [p.text for p in make(count, seed=1)]
     counts = Counter(p.template for p in prompts)
-    assert set(counts) == set(CHAT_TEMPLATES)  # every template is used
-    assert max(counts.values()) < 0.25 * len(prompts)  # none dominates
+    assert set(counts) == set(templates)  # every template is used
+    assert max(counts.values()) < most * len(prompts)  # none dominates
+
+
+def test_chat_prompts_are_distinct_reproducible_and_spread_over_templates():
+    assert_distinct_reproducible_and_spread(chat_prompts, 900, CHAT_TEMPLATES, 0.25)
 
 
 def assert_clear_of_the_held_out_set(prompts, words) -> None:

@@ -1,22 +1,13 @@
 """The programming training prompts: distinct, reproducible, varied, and clear of the held-out set."""
 
-from collections import Counter
-
 from kernels.mtp_chat_prompts import near
 from kernels.mtp_program_prompts import PROGRAM_TEMPLATES, code_words, program_prompts
 from kernels.mtp_prompts import code_task_prompts
-from tests.unit.test_mtp_chat_prompts import assert_clear_of_the_held_out_set
+from tests.unit.test_mtp_chat_prompts import assert_clear_of_the_held_out_set, assert_distinct_reproducible_and_spread
 
 
 def test_program_prompts_are_distinct_reproducible_and_use_every_template():
-    prompts = program_prompts(600, seed=0)
-    texts = [p.text for p in prompts]
-    assert len(set(texts)) == len(texts) == 600
-    assert texts == [p.text for p in program_prompts(600, seed=0)]
-    assert texts != [p.text for p in program_prompts(600, seed=1)]
-    counts = Counter(p.template for p in prompts)
-    assert set(counts) == set(PROGRAM_TEMPLATES)
-    assert max(counts.values()) < 0.5 * len(prompts)
+    assert_distinct_reproducible_and_spread(program_prompts, 600, PROGRAM_TEMPLATES, 0.5)
 
 
 def test_no_program_prompt_is_a_held_out_prompt_or_a_paraphrase_of_one():
