@@ -68,15 +68,16 @@ def worker(widths: list[int], max_k: int, repeats: int, breakdown: bool, limit: 
     loaded = load(ensure_default_model(), rows_kernel=False, compiled=False)
     model, context = loaded.model, CellTimer.context_of(loaded.vocab_size)
     paths = {"stock": lambda: (rows_matmul.uninstall(model), compiled_blocks.uninstall(model))}
+    # Every path but "float32 weights" has the kernel read float16 copies where exact, as serving does.
+    kernel = (lambda: (rows_matmul.install(model), rows_matmul.use_half_weights(True))) \
+        if rows_matmul.available() else (lambda: None)
     if rows_matmul.available():
-        paths["kernel"] = lambda: (rows_matmul.install(model), compiled_blocks.uninstall(model))
-    kernel = (lambda: rows_matmul.install(model)) if rows_matmul.available() else (lambda: None)
+        paths["kernel"] = lambda: (kernel(), compiled_blocks.uninstall(model))
     paths["mlx ops"] = lambda: (kernel(), compiled_blocks.install(model, fused_kernels=False))
     if rows_matmul.half_weights():  # the served path, its kernel reading the float32 weights
         paths["float32 weights"] = lambda: (kernel(), compiled_blocks.install(model),
                                             rows_matmul.use_half_weights(False))
-    # The served path: fused kernels, float16 copies of the weights where exact.
-    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model), rows_matmul.use_half_weights(True))
+    paths["compiled"] = lambda: (kernel(), compiled_blocks.install(model))  # the served path
     ms: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     paths["compiled"]()  # the bytes per step are the served path's: its kernel reads float16 copies
     step_bytes = step_profile.step_bytes(model, len(context))
