@@ -63,6 +63,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         self.traces_seen = 0  # the owner's count of compiled graphs traced, as of its latest step reply
         self.step_ended = (0.0, self.meter.read(), ())  # when the latest decode step's forward returned
         self.interleaved = False  # something else (a prefill) ran since it
+        self.joining = False  # a sequence takes its first decode step in the step running
         self.consulted = None  # what the latest decision read, for its trace
         self.drafting = (0.0, 0)  # the latest verify's drafting seconds and catch-up, for its trace
         self.hyper_setup()  # hyper mode: the bound run, and the width executor (actors/scheduler_hyper.py)
@@ -125,6 +126,7 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         """One plain or speculative step of the batch (a width executor may widen the latter)."""
         self.steps += 1
         self.costs_of_last_step(batch)
+        self.joining = any(s.spec.plain_steps + s.spec.verify_steps == 0 for s in batch)  # a transition
         depth = max(len(s.prompt_ids) + len(s.output_ids) for s in batch)
         choice = self.policy.choose(batch, depth, ahead=self.ahead)
         self.consulted = consult(self.policy, batch, choice, depth)
@@ -224,7 +226,8 @@ class Scheduler(SpecStep, HyperPath, ControllerUpkeep, Actor):
         wall, spent = time.perf_counter() - started, self.meter.read()  # one reading: each is a syscall
         joules, self.step_ended = spent.since(energy), (started + wall, spent, ids)
         if (controller := self.policy.controller) is not None:
-            controller.record_plain(len(batch), wall * 1e3, joules, chosen, traced=self.traced(reply.traces))
+            controller.record_plain(len(batch), wall * 1e3, joules, chosen, traced=self.traced(reply.traces),
+                                    joining=self.joining)
         for i, (seq, token) in enumerate(zip(batch, reply.tokens)):
             seq.spec.plain_steps += 1
             seq.spec.plain_seconds += wall

@@ -66,7 +66,7 @@ class SpecStep:
                                    draft_width=sum(1 for d in drafts if d and not d.forced),
                                    draft_ms=(drafted_at - started) * 1e3,
                                    draft_j=drafted_energy.since(energy), tokens=tokens, caught_up=caught_up,
-                                   traced=self.traced(traces))
+                                   traced=self.traced(traces), joining=self.joining)
         for seq, row, drafted, result in zip(batch, rows, drafts, results):
             if row.drafts and drafted.forced:
                 seq.spec.note_forced(len(row.drafts), wall)

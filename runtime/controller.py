@@ -161,15 +161,19 @@ class OnlineController:
         return out
 
     # --- what happened ---------------------------------------------------------------------------
-    def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True, traced: bool = False) -> None:
+    def record_plain(self, width: int, ms: float, joules: float, chosen: bool = True, traced: bool = False,
+                     joining: bool = False) -> None:
         """A plain step's cost. Only a step the controller chose plain (someone could have drafted)
         pays into the exploration allowance: requests that never draft buy no exploration. A cold
         step after a speculative one is a transition, not a plain step's cost: counting it would make
         plain decode look dearer the more the server speculates (and so speculate more). traced: the
-        step paid for tracing a compiled graph (a shape's first use): not its shape's cost either."""
+        step paid for tracing a compiled graph (a shape's first use): not its shape's cost either.
+        joining: a sequence took its first decode step in it (see `record_spec`)."""
         self.burst_left = 0
         if traced:
             self.traced_steps += 1
+            self.cold_next = False
+        elif joining:
             self.cold_next = False
         elif self.cold_next:
             if self.explored_last:
@@ -201,14 +205,20 @@ class OnlineController:
 
     def record_spec(self, plan: Plan, batch, *, verify_depth: int, verify_ms: float, verify_j: float,
                     draft_width: int, draft_ms: float, draft_j: float, tokens: int, caught_up: int = 0,
-                    traced: bool = False) -> None:
+                    traced: bool = False, joining: bool = False) -> None:
         """A speculative step's costs (draft and verify apart) and its wall time in the budget;
         caught_up: the most tokens one of its drafts first caught up on. traced: it paid for tracing a
         compiled graph, once per shape and process, so it is neither its cells' cost nor exploration's
         loss: at width 4 a new shape's first step took 130-190 ms against ~90, one such step overdrew
-        the allowance, and code, which pays 1.08x at depth 1 there, was never explored enough to draft."""
+        the allowance, and code, which pays 1.08x at depth 1 there, was never explored enough to draft.
+        joining: a sequence took its first decode step since its prefill in it, a transition paid once
+        per request whatever the step (its cache joins the batch, no lookahead ran for it): not its
+        cell's cost. On a 2-core AMD EPYC such steps took 32-43 ms where a width-1 step took 19-23;
+        learned, they moved the common tempo at every request's start, and with the mean of the steps
+        after a spell (now their median, runtime/online_cost.py) one client's table read a depth-1
+        step at 0.87-0.94x plain decode where it ran at 1.16x: it speculated at 0.87x plain tok/s."""
         n = len(batch)
-        self.unobserved = None if traced else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
+        self.unobserved = None if traced or joining else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
                                                        max(plan.depths), draft_ms, draft_j, caught_up)
         self.traced_steps += traced
         if plan.exploring:

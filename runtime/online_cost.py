@@ -148,10 +148,11 @@ class OnlineCostModel:
 
     def flush(self) -> None:
         """Learn every held speculative step, each at a tempo between its own step's and the machine's
-        speed after its spell (the next spell's tempo; after the last, the mean of the plain steps
+        speed after its spell (the next spell's tempo; after the last, the median of the plain steps
         since, or the tempo now where there are none), by its place in the spell: the change, if any,
-        came somewhere inside it."""
-        after = {unit: statistics.fmean(r) if r else self.tempo[unit] for unit, r in self._after.items()}
+        came somewhere inside it. A median, since one of those few steps is often a request's first
+        or last, a transition that says nothing of the machine's speed."""
+        after = {unit: statistics.median(r) if r else self.tempo[unit] for unit, r in self._after.items()}
         spells = _spells(list(self._held))
         self._held.clear()
         for i, spell in enumerate(spells):

@@ -94,7 +94,7 @@ def propose_depth(
         if k <= max_k
     }
     floor = _floor(rates, slack, objective)
-    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor]
+    feasible = [k for k, (per_ms, _) in rates.items() if per_ms >= floor * (1.0 - _TIE)]  # a tie reaches the floor
     score = _SCORES[objective]
     best = feasible[0]
     for k in feasible[1:]:  # ascending, so a tie keeps the shallower depth

@@ -295,6 +295,26 @@ def test_code_at_depth_one_tries_depth_two_where_its_bound_may_pay_and_is_charge
     assert ctl.budget.allowance_ms == before - (43.0 - 25.0)  # a lucky step is not refunded
 
 
+def test_a_step_in_which_a_sequence_joins_teaches_no_cell():
+    """A sequence's first decode step after its prefill is a transition, whatever the step runs."""
+    ctl = controller(by_depth=(0.2, 0.1, 0.05))
+    s = seq()
+    for _ in range(40):
+        ctl.record_plain(1, 80.0, 1.6)
+        ctl.step_starting(0.5)
+    observed = ctl.costs.observations
+    plan = ctl.plan([s], [True])
+    ctl.record_spec(plan, [s], verify_depth=max(plan.depths) or 1, verify_ms=150.0, verify_j=3.0, draft_width=1,
+                    draft_ms=3.0, draft_j=0.06, tokens=1, joining=True)
+    ctl.step_starting(0.5)
+    ctl.record_plain(1, 150.0, 3.0, joining=True)
+    ctl.step_starting(0.5)
+    assert ctl.costs.observations == observed
+    ctl.record_plain(1, 80.0, 1.6)  # the steps after it are learned
+    ctl.step_starting(0.5)
+    assert ctl.costs.observations == observed + 1
+
+
 def test_a_step_that_traced_a_compiled_graph_teaches_no_cell_and_costs_exploration_nothing():
     ctl = controller(by_depth=(0.2, 0.1, 0.05))
     s = seq()
