@@ -33,7 +33,16 @@ def test_bench_batch_prints_every_system_and_the_ratios(model_dir, capsys, tmp_p
     assert last and all(float(x) > 0 for x in last.groups()[:2])
     for width in (1, 2):
         for system in batch.SYSTEMS + (batch.CONTROL,):
-            assert any(re.match(rf"\s*{width}\s+{system}\s+{width * 4}\b", line) for line in out), (width, system)
+            tokens = len(batch.waves_of(batch.PROMPTS, width)) * width * 4
+            assert any(re.match(rf"\s*{width}\s+{system}\s+{tokens}\b", line) for line in out), (width, system)
+
+
+def test_a_round_sends_eight_requests_or_more_in_waves_over_the_prompts_in_turn():
+    texts = [f"p{i}" for i in range(8)]
+    assert batch.waves_of(texts, 1) == [[t] for t in texts]
+    assert batch.waves_of(texts, 4) == [texts[:4], texts[4:]]
+    assert batch.waves_of(texts, 3) == [texts[:3], texts[3:6], texts[6:] + texts[:1]]
+    assert batch.waves_of(texts, 16) == [texts + texts]
 
 
 def test_prompt_sets_are_the_mixed_eight_or_a_held_out_set():
