@@ -33,9 +33,10 @@ class ServedProcess:
     """`metrale serve` in a subprocess on 127.0.0.1 with a fresh cache folder, so no cost table
     learned by an earlier run is found; stopped with SIGTERM, killed if it does not exit."""
 
-    def __init__(self, model_dir: Path, extra: list[str], ready_timeout: float = 180.0):
+    def __init__(self, model_dir: Path, extra: list[str], ready_timeout: float = 180.0, port: int = 0):
+        """port 0: a free loopback port."""
         self.model_dir, self.extra, self.ready_timeout = model_dir, list(extra), ready_timeout
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 

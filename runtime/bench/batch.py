@@ -2,28 +2,31 @@
 
 Side by side in one run, on the default model with the same prompts: mlx-lm's own BatchGenerator (no
 speculation, in this process), metrale mtp_batch with speculation off (disable_mtp per request) and
-with speculation on (gate and planner on), both through a real server on loopback with one streaming
-client per request. The server keeps its learned cost tables in a fresh temporary folder, so it
-starts from the shipped table as on a new machine and learns as it serves (its start-up check of
-that table, seconds in its idle moments, is let finish before the timed rounds, as on a quiet
-machine). A round at w clients sends ceil(8 / w) waves of w concurrent requests, each wave the
-next prompts in turn (one client: eight requests, one after another). Requests carry
-`"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which mlx-lm's
-generator does not have) would time which system ran after which. Each width
-runs --rounds rounds, the systems back to back in an order from a Williams square (over a few rounds
-each system runs after each other one equally often). A system's tok/s and latency pool its rounds;
-a ratio is the median over rounds of the ratio within each round (paired: a slow spell of this
-shared machine hits the runs of one round alike, and one bad round cannot move a median).
-`spec_steps` is the share of the "on" server's batch steps that speculated. With --control,
-speculation off runs a second time per round (`mtp_batch_off_again`): its ratio to the first is that
-of two identical systems, the machine's own noise, to read the other ratios against. `range` is the
-smallest and largest ratio over the rounds: if the true median ratio were 1.0 or more and rounds
-were independent, all R rounds would fall below 1.0 with probability at most 2^-R (3% at 5 rounds),
-so a width whose whole range is below 1.0 is counted as a measured loss (with --control, the A/A row
-shows how far this machine's rounds are from independent). Last line: min_ratio_off_vs_batchgen=R
-min_ratio_on_vs_off=R (the smallest median ratio over the widths) widths_lost_off_vs_batchgen=N
-widths_lost_on_vs_off=N. --plot FILE.png draws tok/s and the ratios against clients; --traces FILE.jsonl
-saves the server's step decisions (/v1/traces) at the end, both systems' steps, for reading what it chose.
+with speculation on (gate and planner on), both through `metrale serve` in its own process on
+loopback, as users run it, with one streaming client per request. (Served from the bench's own
+process, the server shared its event loop and the GIL with the clients, and requests allowed to
+speculate read 0.874-0.884 of disable_mtp ones at four clients with no step speculating; a server of
+its own read 1.058, A/A 0.997, on a 2-core AMD EPYC.) The server keeps its learned cost tables in a
+fresh temporary folder, so it starts from the shipped table as on a new machine and learns as it
+serves (its start-up check of that table, seconds in its idle moments, is let finish before the
+timed rounds, as on a quiet machine). A round at w clients sends ceil(8 / w) waves of w concurrent
+requests, each wave the next prompts in turn (one client: eight requests, one after another).
+Requests carry `"cache_prompt": false`: the rounds repeat the prompts, and the prompt cache (which
+mlx-lm's generator does not have) would time which system ran after which. Each width runs --rounds
+rounds, the systems back to back in an order from a Williams square (over a few rounds each system
+runs after each other one equally often). A system's tok/s and latency pool its rounds; a ratio is
+the median over rounds of the ratio within each round (paired: a slow spell of this shared machine
+hits the runs of one round alike, and one bad round cannot move a median). `spec_steps` is the share
+of the "on" server's batch steps that speculated. With --control, speculation off runs a second time
+per round (`mtp_batch_off_again`): its ratio to the first is that of two identical systems, the
+machine's own noise, to read the other ratios against. `range` is the smallest and largest ratio
+over the rounds: if the true median ratio were 1.0 or more and rounds were independent, all R rounds
+would fall below 1.0 with probability at most 2^-R (3% at 5 rounds), so a width whose whole range is
+below 1.0 is counted as a measured loss (with --control, the A/A row shows how far this machine's
+rounds are from independent). Last line: min_ratio_off_vs_batchgen=R min_ratio_on_vs_off=R (the
+smallest median ratio over the widths) widths_lost_off_vs_batchgen=N widths_lost_on_vs_off=N. --plot
+FILE.png draws tok/s and the ratios against clients; --traces FILE.jsonl saves the server's step
+decisions (/v1/traces) at the end, both systems' steps, for reading what it chose.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import statistics
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
 
 from runtime.bench import _plot
 from runtime.bench.common import table
@@ -79,20 +84,25 @@ CONTROL = "mtp_batch_off_again"
 async def run(widths: list[int], max_tokens: int, rounds: int, port: int, texts: list[str] = PROMPTS,
               systems: tuple[str, ...] = SYSTEMS, plot_path: str | None = None,
               traces_path: str | None = None) -> int:
-    import tempfile
+    from kernels.default_model import ensure_default_model
+    from runtime.bench._served import ServedProcess
+    from runtime.config import preset
 
-    from runtime.bench.serving import LoopbackServer
+    model_dir = ensure_default_model()
+    widest = max(widths)
+    flags = ["--config", str(preset("mtp_batch")), "--max-active-requests", str(widest),
+             "--max-pending", str(max(64, 2 * widest)), "--log-format", "json"]
+    # A fresh cache folder: no learned table, the server starts from the shipped one as on a new machine
+    with ServedProcess(model_dir, flags, port=port) as server:
+        async with _mlx_worker() as worker:
+            code = await _measure(server, model_dir, worker, widths, max_tokens, rounds, texts, systems, plot_path)
+        if traces_path:
+            from pathlib import Path
 
-    with tempfile.TemporaryDirectory() as fresh:  # no learned table: the server starts as on a new machine
-        async with LoopbackServer(max(widths), port, learned_dir=fresh) as server, _mlx_worker() as worker:
-            code = await _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path)
-            if traces_path:
-                from pathlib import Path
+            from runtime.bench.serve import save_traces
 
-                from runtime.bench.serve import save_traces
-
-                await asyncio.to_thread(save_traces, server.url, Path(traces_path))
-            return code
+            await asyncio.to_thread(save_traces, server.url, Path(traces_path))
+        return code
 
 
 @contextlib.asynccontextmanager
@@ -111,12 +121,13 @@ async def _mlx_worker():
         await thread_gone(native_id)
 
 
-async def _measure(server, worker, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
+async def _measure(server, model_dir, worker, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
     from kernels.bare import BatchGeneratorRunner
     from runtime.bench.serving import pooled
+    from runtime.text import TextCodec
 
-    codec = server.system.codec
-    batchgen = BatchGeneratorRunner(server.system.model_dir, codec.eos_ids)
+    codec = TextCodec(model_dir)
+    batchgen = BatchGeneratorRunner(model_dir, codec.eos_ids)
     rows, points, off_ratios, on_ratios = [], [], [], []  # per width: the ratio of each round
     warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
     for name in systems:  # untimed: first runs page weights in and build every code path once
@@ -240,14 +251,21 @@ async def _checked(server, timeout: float = 120.0) -> None:
     machine shared) and slowed the generator's first rounds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while (await server.system.describe_scheduler())["self_calibration"]:
+    while (await _scheduler(server))["self_calibration"]:
         if loop.time() > deadline:
             raise TimeoutError(f"the start-up check of the cost prior did not finish in {timeout:.0f}s")
         await asyncio.sleep(0.2)
 
 
 async def _steps_by_kind(server) -> dict[str, int]:
-    return (await server.system.describe_scheduler())["mtp_batch"]["steps_by_kind"]
+    return (await _scheduler(server))["mtp_batch"]["steps_by_kind"]
+
+
+async def _scheduler(server) -> dict:
+    """The scheduler's part of the server's /health."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.get(server.url + "/health") as r:
+            return (await r.json())["scheduler"]
 
 
 def round_ratios(runs, baseline) -> list[float]:

@@ -1,4 +1,4 @@
-"""Benchmark plumbing: a metrale server on loopback in this process, and timed streaming clients."""
+"""Benchmark plumbing: timed streaming chat clients of a metrale server on loopback."""
 
 from __future__ import annotations
 
@@ -38,40 +38,6 @@ def timing(tokens: int, seconds: float, gaps: list[float]) -> Timing:
 def pooled(runs: list[Timing]) -> Timing:
     """Several runs as one: their tokens over their seconds, every gap in the percentiles."""
     return Timing(sum(r.tokens for r in runs), sum(r.seconds for r in runs), [g for r in runs for g in r.gaps])
-
-
-class LoopbackServer:
-    """`metrale serve --scheduler-mode mtp_batch` on 127.0.0.1, started and stopped in-process."""
-
-    def __init__(self, max_active: int, port: int = 0, learned_dir: str | None = None):
-        """learned_dir: where the server keeps its learned cost tables (None: the user's cache)."""
-        self.max_active, self.port, self.learned_dir = max_active, port or _free_port(), learned_dir
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self):
-        from aiohttp import web
-
-        from runtime import tracing
-        from runtime.config import load_config, override, preset
-        from runtime.server import build_app
-        from runtime.system import System
-        from kernels.default_model import ensure_default_model
-
-        tracing.configure("json", level="warning")
-        config = override(load_config(preset("mtp_batch")), "scheduler", max_active_requests=self.max_active)
-        config = override(config, "admission", max_pending=max(64, 2 * self.max_active))
-        model_dir = ensure_default_model()  # from the user's cache: only the learned tables start fresh
-        config = override(config, "model", cache_dir=self.learned_dir)
-        self.system = System(config, model_dir)
-        await self.system.start()
-        self.runner = web.AppRunner(build_app(self.system, config), handler_cancellation=True, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.system.stop()
-        await self.runner.cleanup()
 
 
 async def stream_clients(url: str, prompts: list[str], max_tokens: int, disable_mtp: bool) -> Timing:

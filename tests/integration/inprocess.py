@@ -24,7 +24,7 @@ PROMPT = "t3 t4 t5 t6"  # the tiny model's word-level tokenizer reads it as one 
 @contextmanager
 def every_event():
     """structlog's capture_logs keeps the configured level filter, and a benchmark run earlier in this
-    process (LoopbackServer) sets it to warning: lift it, so info events are captured whatever ran before."""
+    process (runtime/bench/common.py) sets it to warning: lift it, so info events are captured whatever ran before."""
     saved = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
     try:
