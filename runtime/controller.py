@@ -218,8 +218,8 @@ class OnlineController:
         after a spell (now their median, runtime/online_cost.py) one client's table read a depth-1
         step at 0.87-0.94x plain decode where it ran at 1.16x: it speculated at 0.87x plain tok/s."""
         n = len(batch)
-        self.unobserved = None if traced or joining else StepCost(n, verify_depth, verify_ms, verify_j, draft_width,
-                                                       max(plan.depths), draft_ms, draft_j, caught_up)
+        self.unobserved = None if traced or joining else StepCost(
+            n, verify_depth, verify_ms, verify_j, draft_width, max(plan.depths), draft_ms, draft_j, caught_up)
         self.traced_steps += traced
         if plan.exploring:
             if not traced:

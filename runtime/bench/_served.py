@@ -163,6 +163,12 @@ def warm_up(client, max_tokens: int, plain_too: bool) -> None:
     wait_checked(str(client.base_url).rstrip("/").removesuffix("/v1"))
 
 
+def scheduler_state(url: str) -> dict:
+    """The scheduler's part of the server's /health."""
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        return json.loads(r.read()).get("scheduler") or {}
+
+
 def wait_checked(url: str, timeout: float = 120.0) -> float:
     """Seconds until the server's self-calibration (or its check of a prior) has finished.
 
@@ -173,9 +179,7 @@ def wait_checked(url: str, timeout: float = 120.0) -> float:
     """
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        with urllib.request.urlopen(url + "/health", timeout=30) as r:
-            scheduler = json.loads(r.read()).get("scheduler") or {}
-        if not scheduler.get("self_calibration"):
+        if not scheduler_state(url).get("self_calibration"):
             return time.monotonic() - started
         time.sleep(0.2)
     raise TimeoutError(f"{url}: the start-up check of the cost prior did not finish in {timeout:.0f}s")

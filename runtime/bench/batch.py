@@ -39,8 +39,6 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-import aiohttp
-
 from runtime.bench import _plot
 from runtime.bench.common import table
 
@@ -123,6 +121,7 @@ async def _mlx_worker():
 
 async def _measure(server, model_dir, worker, widths, max_tokens, rounds, texts, systems, plot_path) -> int:
     from kernels.bare import BatchGeneratorRunner
+    from runtime.bench._served import wait_checked
     from runtime.bench.serving import pooled
     from runtime.text import TextCodec
 
@@ -132,7 +131,9 @@ async def _measure(server, model_dir, worker, widths, max_tokens, rounds, texts,
     warm = [codec.encode(codec.chat_text(_chat(texts[0])))]
     for name in systems:  # untimed: first runs page weights in and build every code path once
         await _one_run(name, server, worker, batchgen, texts[:1], warm, 4, Counter())
-    await _checked(server)
+    # The server's check of its cost prior runs in its idle moments: left to run while the in-process
+    # generator was timed, it timed its cells beside that and slowed the generator's first rounds.
+    await asyncio.to_thread(wait_checked, server.url)
     for width in widths:
         waves = [(prompts, [codec.encode(codec.chat_text(_chat(p))) for p in prompts])
                  for prompts in waves_of(texts, width)]
@@ -245,27 +246,10 @@ async def _one_run(name, server, worker, batchgen, prompts, ids, max_tokens, spe
     return timing
 
 
-async def _checked(server, timeout: float = 120.0) -> None:
-    """Wait for the server's start-up check of its cost prior, which runs in its idle moments: left
-    to run while the in-process generator was timed, it timed its cells beside that (a 2-core
-    machine shared) and slowed the generator's first rounds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while (await _scheduler(server))["self_calibration"]:
-        if loop.time() > deadline:
-            raise TimeoutError(f"the start-up check of the cost prior did not finish in {timeout:.0f}s")
-        await asyncio.sleep(0.2)
-
-
 async def _steps_by_kind(server) -> dict[str, int]:
-    return (await _scheduler(server))["mtp_batch"]["steps_by_kind"]
+    from runtime.bench._served import scheduler_state
 
-
-async def _scheduler(server) -> dict:
-    """The scheduler's part of the server's /health."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        async with http.get(server.url + "/health") as r:
-            return (await r.json())["scheduler"]
+    return (await asyncio.to_thread(scheduler_state, server.url))["mtp_batch"]["steps_by_kind"]
 
 
 def round_ratios(runs, baseline) -> list[float]:
